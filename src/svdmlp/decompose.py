@@ -1,0 +1,124 @@
+"""Pure low-rank math: rank rule, plain and activation-aware (whitened) SVD, error metrics.
+
+Nothing here knows about modules, hooks or files: tensors and ints in, tensors and floats out.
+
+Conventions: a projection ``W (out, in)`` is approximated by ``V (out, r) @ U (r, in)``.
+``keep`` is the fraction of the matrix's parameters kept, ``r·(in+out) / (in·out)``; the NeuronMLP
+paper's "compression ratio" is ``1 − keep``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Eigenvalues of the Gram matrix below ``EIG_FLOOR · λ_max`` are raised to that floor before
+# whitening. Real models have near-singular input Grams (dead channels, outlier dimensions):
+# Cholesky of XᵀX fails on them (SVD-LLM issues 6, 7, 24); a relative floor in float64 keeps the
+# whitening well conditioned while leaving every direction that carries signal untouched.
+EIG_FLOOR = 1e-6
+
+
+def rank_for_keep(in_features: int, out_features: int, keep: float, align: int) -> int:
+    """Block-aligned rank that keeps about ``keep`` of an ``out × in`` matrix's parameters.
+
+    ``r = max(align, round(keep·in·out / ((in+out)·align))·align)``, capped below
+    ``min(in, out)`` (kept a multiple of ``align`` where possible).
+
+    Raises:
+        ValueError: for keep outside (0, 1], align < 1, or a matrix too small for one block.
+    """
+    if not 0.0 < keep <= 1.0:
+        raise ValueError(f"keep must be in (0, 1], got {keep}")
+    if align < 1:
+        raise ValueError(f"align must be >= 1, got {align}")
+    full = min(in_features, out_features)
+    if align >= full:
+        raise ValueError(
+            f"align {align} leaves no room for a rank below min(in, out) = {full} "
+            f"for a {out_features}x{in_features} matrix; use a smaller align"
+        )
+    blocks = round(keep * in_features * out_features / ((in_features + out_features) * align))
+    rank = max(align, blocks * align)
+    if rank >= full:
+        rank = (full - 1) // align * align
+    return rank
+
+
+def kept_fraction(in_features: int, out_features: int, rank: int) -> float:
+    """Achieved keep of a rank-``rank`` factorisation: ``r·(in+out) / (in·out)``."""
+    return rank * (in_features + out_features) / (in_features * out_features)
+
+
+@dataclass(frozen=True)
+class Factors:
+    """``W ≈ v @ u`` with ``u (r, in)`` and ``v (out, r)``, in float32 unless asked otherwise."""
+
+    u: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def rank(self) -> int:
+        return self.u.shape[0]
+
+
+def plain_svd(weight: torch.Tensor, rank: int) -> Factors:
+    """Truncated SVD of W with the singular values split as √Σ on each side (the paper's code)."""
+    w = weight.detach().to(torch.float64)
+    left, sigma, right_h = torch.linalg.svd(w, full_matrices=False)  # (out,k), (k,), (k,in)
+    root = sigma[:rank].sqrt()
+    v = left[:, :rank] * root  # (out, r)
+    u = root[:, None] * right_h[:rank]  # (r, in)
+    return Factors(u=u.float(), v=v.float())
+
+
+def whitening(gram: torch.Tensor, floor: float = EIG_FLOOR) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric square root of the Gram matrix and its inverse, by eigendecomposition in float64.
+
+    Returns ``(S, S⁻¹)`` with ``S = Q·diag(√λ)·Qᵀ`` where ``λ`` are the eigenvalues of ``XᵀX``
+    floored at ``floor·λ_max``, so that ``‖(W − W')·Xᵀ‖_F = ‖(W − W')·S‖_F``.
+    """
+    g = gram.detach().to(torch.float64)
+    g = (g + g.T) / 2
+    if not torch.isfinite(g).all():
+        raise ValueError("calibration Gram matrix has NaN or inf entries: the model's activations overflowed")
+    eigenvalues, q = torch.linalg.eigh(g)
+    top = eigenvalues.max()
+    if top <= 0:
+        raise ValueError("calibration Gram matrix is zero: no activations reached this projection")
+    eigenvalues = eigenvalues.clamp(min=floor * top)
+    root = eigenvalues.sqrt()
+    return (q * root) @ q.T, (q / root) @ q.T
+
+
+def whitened_svd(weight: torch.Tensor, gram: torch.Tensor, rank: int, floor: float = EIG_FLOOR) -> Factors:
+    """Activation-aware SVD: the rank-``rank`` factors minimising ``‖(W − V·U)·Xᵀ‖_F``.
+
+    With ``S`` the symmetric root of ``XᵀX``, the best rank-r approximation of ``W·S`` (by SVD)
+    mapped back by ``S⁻¹`` minimises the output error on the calibration activations.
+    Singular values are split as √Σ like :func:`plain_svd`.
+    """
+    root, inv_root = whitening(gram, floor)
+    w = weight.detach().to(torch.float64)
+    left, sigma, right_h = torch.linalg.svd(w @ root, full_matrices=False)
+    scale = sigma[:rank].sqrt()
+    v = left[:, :rank] * scale  # (out, r)
+    u = (scale[:, None] * right_h[:rank]) @ inv_root  # (r, in)
+    return Factors(u=u.float(), v=v.float())
+
+
+def weighted_relative_error(weight: torch.Tensor, factors: Factors, gram: torch.Tensor | None) -> float:
+    """Relative output error on the calibration activations, ``‖(W − VU)Xᵀ‖_F / ‖WXᵀ‖_F``.
+
+    Computed from the Gram matrix as ``sqrt(tr(E·G·Eᵀ) / tr(W·G·Wᵀ))``; with ``gram=None`` it is the
+    plain relative Frobenius error of the weight.
+    """
+    w = weight.detach().to(torch.float64)
+    err = w - factors.v.to(torch.float64) @ factors.u.to(torch.float64)
+    if gram is None:
+        return float(err.norm() / w.norm())
+    g = gram.to(torch.float64)
+    num = ((err @ g) * err).sum()
+    den = ((w @ g) * w).sum()
+    return float((num.clamp(min=0) / den).sqrt())
