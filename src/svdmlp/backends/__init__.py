@@ -12,6 +12,7 @@ import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -58,6 +59,7 @@ def resolve(name: str, device: torch.device | str) -> str:
     return name
 
 
+@cache
 def get(name: str) -> Backend:
     """The implementation of a concrete backend (``torch`` or ``triton``)."""
     if name == "torch":

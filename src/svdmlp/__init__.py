@@ -1,0 +1,37 @@
+"""svdmlp: compress LLM MLP layers with block-aligned, activation-aware SVD; run them with fused kernels.
+
+Public API::
+
+    import svdmlp
+    model, tokenizer, base = svdmlp.load_dense("smollm2-135m")
+    report = svdmlp.compress(model, tokenizer, svdmlp.CompressConfig(keep=0.8))
+    svdmlp.save("out/", model, tokenizer, config, report, base_model=base)
+    model, tokenizer = svdmlp.load("out/", backend="auto")
+
+``keep`` is the fraction of MLP parameters kept; the NeuronMLP paper's compression ratio is 1 − keep.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+__version__ = "0.1.0"
+
+# Heavy imports (torch, transformers) happen on first use, so `svdmlp --help` stays quick.
+_API = {
+    "CompressConfig": "svdmlp.config",
+    "CalibrationSpec": "svdmlp.config",
+    "compress": "svdmlp.pipeline",
+    "save": "svdmlp.checkpoint",
+    "load": "svdmlp.checkpoint",
+    "load_dense": "svdmlp.models",
+    "set_backend": "svdmlp.modules",
+}
+
+__all__ = [*_API, "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        return getattr(import_module(_API[name]), name)
+    raise AttributeError(f"module 'svdmlp' has no attribute {name!r}")

@@ -1,0 +1,76 @@
+"""Architecture knowledge as data: where each supported model keeps its MLPs and what they compute."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Where a decoder's gated MLPs live and how they are built.
+
+    Attributes:
+        layers: dotted path from the causal-LM model to the list of decoder layers.
+        mlp: attribute of a decoder layer holding the MLP.
+        gate, up, down: attribute names of the three projections inside the MLP.
+        activation: the gate nonlinearity, as named in :mod:`svdmlp.backends.torch_ref`.
+    """
+
+    layers: str = "model.layers"
+    mlp: str = "mlp"
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+    activation: str = "silu"
+
+    def projection(self, name: str) -> str:
+        """Attribute name of projection ``name`` ("gate", "up" or "down")."""
+        return {"gate": self.gate, "up": self.up, "down": self.down}[name]
+
+
+SWIGLU = ArchSpec(activation="silu")
+GEGLU = ArchSpec(activation="gelu_tanh")
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    "llama": SWIGLU,
+    "mistral": SWIGLU,
+    "qwen2": SWIGLU,
+    "qwen3": SWIGLU,
+    "gemma": GEGLU,
+    "gemma2": GEGLU,
+    "gemma3_text": GEGLU,
+    "gemma3": ArchSpec(layers="model.language_model.layers", activation="gelu_tanh"),
+}
+
+# The activation each architecture's config must name; anything else would make our MLP compute
+# a different function from the model's, so we refuse rather than silently change the model.
+_CONFIG_ACTIVATIONS = {"silu": ("silu", "swish"), "gelu_tanh": ("gelu_pytorch_tanh", "gelu_tanh")}
+
+
+def resolve(model_type: str) -> ArchSpec:
+    """The spec for a Hugging Face ``model_type``; a ValueError listing the supported ones otherwise."""
+    try:
+        return ARCHITECTURES[model_type]
+    except KeyError:
+        supported = ", ".join(sorted(ARCHITECTURES))
+        raise ValueError(f"unsupported model type {model_type!r}; svdmlp supports: {supported}") from None
+
+
+def check_activation(spec: ArchSpec, config) -> None:
+    """Refuse a model whose configured MLP activation differs from what its architecture implies."""
+    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    if name is not None and name not in _CONFIG_ACTIVATIONS[spec.activation]:
+        raise ValueError(
+            f"model type {config.model_type!r} with activation {name!r} is not supported; "
+            f"expected one of {_CONFIG_ACTIVATIONS[spec.activation]}"
+        )
+
+
+def decoder_layers(model: nn.Module, spec: ArchSpec) -> nn.ModuleList:
+    """The decoder layers of ``model`` as laid out by ``spec``."""
+    module = model
+    for part in spec.layers.split("."):
+        module = getattr(module, part)
+    return module

@@ -1,0 +1,105 @@
+"""Calibration: text to token windows, and the activation Gram matrices of every MLP projection.
+
+Activation-aware SVD needs, for each projection, ``G = Σ xᵀx`` over its calibration inputs. Gate
+and up read the same input (the MLP's input), so they share one Gram; down reads
+``act(gate(x))·up(x)``. Forward hooks add each batch's ``XᵀX`` into float64 accumulators and never
+keep the activations themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from svdmlp import arch
+
+
+def token_windows(tokenizer, text: str, num_samples: int, seq_len: int, seed: int) -> torch.Tensor:
+    """``num_samples`` windows of ``seq_len`` tokens drawn from ``text`` with a seeded generator.
+
+    Windows start at random offsets; they are disjoint whenever the text holds enough tokens.
+
+    Returns:
+        LongTensor (num_samples, seq_len).
+    """
+    if not text.strip():
+        raise ValueError("calibration text is empty")
+    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    if ids.numel() < seq_len:
+        raise ValueError(f"calibration text has {ids.numel()} tokens; one window needs seq_len = {seq_len}")
+    generator = torch.Generator().manual_seed(seed)
+    slots = ids.numel() // seq_len
+    if slots >= num_samples:  # disjoint windows: pick distinct slots, jitter within the slack
+        chosen = torch.randperm(slots, generator=generator)[:num_samples].sort().values
+        slack = ids.numel() - slots * seq_len
+        starts = chosen * seq_len + torch.randint(0, slack + 1, (1,), generator=generator)
+    else:
+        starts = torch.randint(0, ids.numel() - seq_len + 1, (num_samples,), generator=generator)
+    return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
+
+
+def tokens_hash(tokens: torch.Tensor) -> str:
+    """SHA-256 of the exact calibration tokens (int64, row-major), recorded in every checkpoint."""
+    return hashlib.sha256(tokens.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()
+
+
+@dataclass
+class LayerGrams:
+    """Float64 Gram matrices of one MLP's inputs: ``gate_up`` (hidden²) and ``down`` (inter²)."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    tokens: int = 0
+
+
+def _accumulate(target: torch.Tensor, x: torch.Tensor) -> None:
+    flat = x.detach().reshape(-1, x.shape[-1]).float()
+    # One batch's XᵀX in fp32 (fast GEMM, error ~1e-6 relative), accumulated across batches in fp64.
+    target += (flat.T @ flat).to(torch.float64)
+
+
+@torch.no_grad()
+def collect_grams(
+    model: nn.Module,
+    spec: arch.ArchSpec,
+    windows: torch.Tensor,
+    layer_indices: list[int],
+    batch_size: int = 4,
+    progress: bool = True,
+) -> dict[int, LayerGrams]:
+    """Run the calibration windows through ``model`` and return the Grams of the chosen layers."""
+    layers = arch.decoder_layers(model, spec)
+    device = next(model.parameters()).device
+    grams: dict[int, LayerGrams] = {}
+    handles = []
+    for index in layer_indices:
+        mlp = getattr(layers[index], spec.mlp)
+        gate = getattr(mlp, spec.gate)
+        down = getattr(mlp, spec.down)
+        entry = LayerGrams(
+            gate_up=torch.zeros(gate.in_features, gate.in_features, dtype=torch.float64, device=device),
+            down=torch.zeros(down.in_features, down.in_features, dtype=torch.float64, device=device),
+        )
+        grams[index] = entry
+
+        def on_mlp_input(module, args, entry=entry):
+            _accumulate(entry.gate_up, args[0])
+            entry.tokens += args[0].numel() // args[0].shape[-1]
+
+        def on_down_input(module, args, entry=entry):
+            _accumulate(entry.down, args[0])
+
+        handles.append(mlp.register_forward_pre_hook(on_mlp_input))
+        handles.append(down.register_forward_pre_hook(on_down_input))
+    try:
+        batches = windows.split(batch_size)
+        for batch in tqdm(batches, desc="calibrating", unit="batch", disable=not progress):
+            model(input_ids=batch.to(device), use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return grams

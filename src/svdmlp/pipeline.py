@@ -1,0 +1,125 @@
+"""The compression pipeline: calibrate, factorise every targeted MLP matrix, swap, report."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn as nn
+
+from svdmlp import arch, calibrate, corpora, decompose, swap
+from svdmlp.config import CompressConfig
+from svdmlp.report import CompressionReport, LayerRecord, ProjectionRecord, count_parameters
+
+
+def arch_of(model: nn.Module) -> arch.ArchSpec:
+    """The supported-architecture spec of a loaded model (ValueError for anything else)."""
+    spec = arch.resolve(model.config.model_type)
+    arch.check_activation(spec, model.config.get_text_config())
+    return spec
+
+
+def _check_layers(config: CompressConfig, num_layers: int) -> list[int]:
+    if config.layers is None:
+        return list(range(num_layers))
+    bad = [i for i in config.layers if i >= num_layers]
+    if bad:
+        raise ValueError(f"layers {bad} do not exist: the model has {num_layers} decoder layers")
+    return list(config.layers)
+
+
+def _check_weights(model: nn.Module, spec: arch.ArchSpec, index: int, config: CompressConfig) -> str:
+    """Reason to skip this layer's MLP, or "" to compress it; NaN/inf weights are an error."""
+    reason = ""
+    for name in config.targets:
+        linear = swap.dense_projection(model, spec, index, name)
+        if not isinstance(linear, nn.Linear):
+            return f"{spec.projection(name)} is a {type(linear).__name__}, not a dense nn.Linear"
+        if not torch.isfinite(linear.weight).all():
+            raise ValueError(f"{swap.mlp_name(spec, index)}.{spec.projection(name)} has NaN or inf weights")
+        if linear.bias is not None:
+            reason = f"{spec.projection(name)} has a bias (not supported by the low-rank modules)"
+    return reason
+
+
+def compress(
+    model: nn.Module,
+    tokenizer,
+    config: CompressConfig,
+    calibration_text: str | None = None,
+    progress: bool = True,
+) -> CompressionReport:
+    """Factorise the MLPs of ``model`` in place as ``config`` says and report what was done.
+
+    Args:
+        model: a supported Hugging Face causal LM (see :mod:`svdmlp.arch`).
+        tokenizer: its tokenizer (for the calibration text).
+        config: keep, align, method, calibration and targets.
+        calibration_text: overrides ``config.calibration.source`` when given.
+
+    Returns:
+        A report with every decoder layer (compressed or skipped with the reason), ranks, achieved
+        keep, errors, parameter counts and the hash of the calibration tokens.
+    """
+    started = time.perf_counter()
+    spec = arch_of(model)
+    layers = arch.decoder_layers(model, spec)
+    selected = _check_layers(config, len(layers))
+    mlp_names = [swap.mlp_name(spec, i) for i in range(len(layers))]
+    before = count_parameters(model, mlp_names)
+    skip = {i: _check_weights(model, spec, i, config) for i in selected}
+    to_compress = [i for i in selected if not skip[i]]
+    for index in to_compress:  # fail on an impossible rank before any expensive work
+        for name in config.targets:
+            linear = swap.dense_projection(model, spec, index, name)
+            decompose.rank_for_keep(linear.in_features, linear.out_features, config.keep, config.align)
+
+    grams, calibration = {}, {}
+    if config.needs_calibration and to_compress:
+        text = calibration_text if calibration_text is not None else corpora.read_text(config.calibration.source)
+        spec_c = config.calibration
+        windows = calibrate.token_windows(tokenizer, text, spec_c.num_samples, spec_c.seq_len, config.seed)
+        calibration = {"tokens": windows.numel(), "sha256": calibrate.tokens_hash(windows)}
+        grams = calibrate.collect_grams(model, spec, windows, to_compress, progress=progress)
+
+    grams_used = bool(grams)
+    records = []
+    for index in range(len(layers)):
+        name = mlp_names[index]
+        if index not in selected:
+            records.append(LayerRecord(index, name, "skipped", "not selected by config.layers"))
+        elif skip[index]:
+            records.append(LayerRecord(index, name, "skipped", skip[index]))
+        else:
+            records.append(_compress_layer(model, spec, index, config, grams.get(index)))
+            grams.pop(index, None)  # free each layer's Grams as soon as it is done
+    return CompressionReport(
+        layers=records,
+        params_before=before,
+        params_after=count_parameters(model, mlp_names),
+        seconds=time.perf_counter() - started,
+        calibration=calibration,
+        error_metric="activation-weighted" if grams_used else "weight-frobenius",
+    )
+
+
+def _compress_layer(
+    model: nn.Module, spec: arch.ArchSpec, index: int, config: CompressConfig, grams: calibrate.LayerGrams | None
+) -> LayerRecord:
+    factors, records = {}, []
+    for name in config.targets:
+        linear = swap.dense_projection(model, spec, index, name)
+        weight = linear.weight
+        rank = decompose.rank_for_keep(linear.in_features, linear.out_features, config.keep, config.align)
+        gram = None if grams is None else (grams.down if name == "down" else grams.gate_up)
+        if gram is None:
+            factors[name] = decompose.plain_svd(weight, rank)
+        else:
+            factors[name] = decompose.whitened_svd(weight, gram, rank)
+        error = decompose.weighted_relative_error(weight, factors[name], gram)
+        keep = decompose.kept_fraction(linear.in_features, linear.out_features, rank)
+        records.append(ProjectionRecord(name, linear.in_features, linear.out_features, rank, keep, error))
+    dense = swap.dense_projection(model, spec, index, config.targets[0])
+    ranks = {r.name: r.rank for r in records}
+    swap.install_lowrank(model, spec, index, ranks, dense.weight.dtype, dense.weight.device, factors)
+    return LayerRecord(index, swap.mlp_name(spec, index), "compressed", projections=tuple(records))
