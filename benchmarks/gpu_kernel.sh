@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One-shot GPU check for a short H200 lease: versions, the GPU-only kernel tests, then the kernel
+# benchmark (the six paper models' MLPs x M in {1..8192} x keep {0.8, 0.6}, bf16, align 128).
+#
+#   OUT=/some/dir bash benchmarks/gpu_kernel.sh      # run from the repository root
+#
+# Everything lands under $OUT: env.txt, gpu_tests.txt, bench.txt, kernel.json, kernel.png.
+# Sized for one 10-minute command: tests are cut at $TEST_TIMEOUT s (default 120), and benchmark
+# rows not started within $BENCH_BUDGET s (default 360) are skipped and listed as such.
+# The machine has no network: nothing is downloaded; svdmlp runs from this checkout.
+set -uo pipefail
+
+OUT=${OUT:-bench-out}
+TEST_TIMEOUT=${TEST_TIMEOUT:-120}
+BENCH_BUDGET=${BENCH_BUDGET:-360}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    git rev-parse HEAD 2>/dev/null || echo "not a git checkout"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+    "$PYTHON" - <<'EOF'
+import platform, torch, triton
+print("python", platform.python_version(), "| torch", torch.__version__, "| triton", triton.__version__,
+      "| cuda", torch.version.cuda)
+props = torch.cuda.get_device_properties(0)
+print(props.name, "| SMs", props.multi_processor_count, "| L2", getattr(props, "L2_cache_size", "?"),
+      "| memory", props.total_memory)
+EOF
+} 2>&1 | tee "$OUT/env.txt"
+
+echo "== GPU tests: pytest -m gpu tests/kernels (cut at ${TEST_TIMEOUT}s)"
+timeout "$TEST_TIMEOUT" "$PYTHON" -m pytest -m gpu tests/kernels -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -n 30
+echo "pytest exit status: ${PIPESTATUS[0]}"
+
+echo "== bench kernel (row budget ${BENCH_BUDGET}s)"
+# The main CLI's `svdmlp bench` where it is installed and wired, else the benchmark's own entry point.
+if command -v svdmlp >/dev/null 2>&1 && svdmlp bench --help >/dev/null 2>&1; then
+    BENCH=(svdmlp bench)
+else
+    BENCH=("$PYTHON" -m svdmlp.bench)
+fi
+"${BENCH[@]}" kernel --json "$OUT/kernel.json" --plot "$OUT/kernel.png" --budget-s "$BENCH_BUDGET" 2>&1 \
+    | tee "$OUT/bench.txt"
+status=${PIPESTATUS[0]}
+echo "bench exit status: $status (1 = a fused output failed its correctness check)"
+exit "$status"
