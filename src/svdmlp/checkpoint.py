@@ -60,7 +60,7 @@ def save(
             and ``overwrite`` is set. A directory that is not a checkpoint is never replaced.
     """
     target = Path(directory).expanduser().resolve()
-    _check_target(target, overwrite)
+    check_target(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
     try:
@@ -91,7 +91,9 @@ def save(
     return target
 
 
-def _check_target(target: Path, overwrite: bool) -> None:
+def check_target(directory: str | os.PathLike, overwrite: bool) -> None:
+    """Raise FileExistsError unless a checkpoint may be written to ``directory``."""
+    target = Path(directory).expanduser()
     if not target.exists() or (target.is_dir() and not any(target.iterdir())):
         return
     if not target.is_dir() or not is_checkpoint(target):

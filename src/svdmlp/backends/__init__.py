@@ -55,7 +55,7 @@ def resolve(name: str, device: torch.device | str) -> str:
     if name == "triton":
         reason = triton_unavailable_reason(device)
         if reason is not None:
-            raise RuntimeError(f"backend 'triton' is unavailable: {reason}")
+            raise ValueError(f"backend 'triton' is unavailable: {reason}")
     return name
 
 

@@ -1,0 +1,227 @@
+"""What each built-in CLI command does: parse-free handlers that call the library and print."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+
+import torch
+
+from svdmlp import checkpoint, corpora, models, pipeline
+from svdmlp.config import CalibrationSpec, CompressConfig
+from svdmlp.evaluate import datasets, perplexity
+from svdmlp.report import CompressionReport, count_parameters
+from svdmlp.tables import format_table
+
+
+def _runtime(args) -> tuple[str, torch.dtype]:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for but no CUDA GPU is available")
+    dtype_name = args.dtype or ("bfloat16" if torch.device(device).type == "cuda" else "float32")
+    return device, getattr(torch, dtype_name)
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def _load_target(target: str | None, args):
+    """(model, tokenizer, metadata) for a checkpoint directory; metadata is None for a dense model."""
+    device, dtype = _runtime(args)
+    _quiet_transformers()
+    if target is not None and checkpoint.is_checkpoint(target):
+        model, tokenizer = checkpoint.load(target, backend=args.backend, dtype=dtype, device=device)
+        return model, tokenizer, checkpoint.read_metadata(target)
+    model, tokenizer, _ = models.load_dense(target, dtype=dtype, device=device)
+    return model, tokenizer, None
+
+
+def compress(args) -> int:
+    config = CompressConfig(
+        keep=args.keep,
+        align=args.align,
+        method=args.method,
+        calibration=CalibrationSpec(args.calib, args.calib_samples, args.calib_seq_len),
+        seed=args.seed,
+        targets=args.targets,
+        layers=args.layers,
+    )
+    checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
+    device, dtype = _runtime(args)
+    _quiet_transformers()
+    started = time.perf_counter()
+    model, tokenizer, location = models.load_dense(args.model, dtype=dtype, device=device)
+    report = pipeline.compress(model, tokenizer, config)
+    model.to(getattr(torch, args.save_dtype))
+    base = args.model or models.DEFAULT_MODEL
+    path = checkpoint.save(args.out, model, tokenizer, config, report, base_model=base, overwrite=args.overwrite)
+    print(layer_table(report))
+    print()
+    print(summary_line(report))
+    print(f"compress wall time {time.perf_counter() - started:.1f} s (factorisation {report.seconds:.1f} s); saved {path}")
+    return 0
+
+
+def layer_table(report: CompressionReport) -> str:
+    rows = []
+    for layer in report.layers:
+        if layer.status != "compressed":
+            rows.append([layer.index, f"skipped: {layer.reason}", "", "", ""])
+            continue
+        projections = layer.projections
+        rows.append(
+            [
+                layer.index,
+                "compressed",
+                "/".join(str(p.rank) for p in projections),
+                "/".join(f"{p.keep:.3f}" for p in projections),
+                "/".join(f"{p.error:.3f}" for p in projections),
+            ]
+        )
+    names = "/".join(p.name for p in next((la.projections for la in report.layers if la.projections), ()))
+    return format_table(["layer", "status", f"rank {names}", "keep", f"error ({report.error_metric})"], rows)
+
+
+def summary_line(report: CompressionReport) -> str:
+    before, after = report.params_before, report.params_after
+    return (
+        f"MLP parameters {before['mlp']:,} -> {after['mlp']:,} (achieved keep {report.achieved_keep:.4f}); "
+        f"model {before['total']:,} -> {after['total']:,} ({after['total'] / before['total']:.4f})"
+    )
+
+
+def _texts(args) -> list[tuple[str, str]]:
+    sources = args.text or (["shakespeare-heldout"] if not args.dataset else [])
+    texts = [(source, corpora.read_text(source)) for source in sources]
+    files = {}
+    for item in args.data_files:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise ValueError(f"--data-files expects SET=PATH, got {item!r}")
+        files[name] = path
+    unknown = sorted(set(files) - set(args.dataset))
+    if unknown:
+        raise ValueError(f"--data-files given for {unknown}, which are not among --dataset {args.dataset}")
+    texts += [(name, datasets.load_text(name, files.get(name))) for name in args.dataset]
+    return texts
+
+
+def _score(model, tokenizer, texts, args, label: str) -> dict[str, float]:
+    results = {}
+    for name, text in texts:
+        windows = perplexity.text_windows(tokenizer, text, args.seq_len, args.max_windows)
+        result = perplexity.perplexity(model, windows, args.batch_size, desc=f"{label}: {name}")
+        results[name] = result.perplexity
+    return results
+
+
+def evaluate(args) -> int:
+    texts = _texts(args)
+    model, tokenizer, metadata = _load_target(args.target, args)
+    device, dtype = _runtime(args)
+    rows = []
+    if metadata is None:
+        counts = count_parameters(model, [])
+        rows.append({"model": args.target or models.DEFAULT_MODEL, "kind": "dense", "params": counts["total"]})
+        rows[-1]["perplexity"] = _score(model, tokenizer, texts, args, "dense")
+    else:
+        report = CompressionReport.from_dict(metadata["report"])
+        config = metadata["config"]
+        label = f"{config['method']} keep {config['keep']}"
+        rows.append(
+            {
+                "model": args.target,
+                "kind": f"compressed ({label})",
+                "params": report.params_after["total"],
+                "mlp_params": report.params_after["mlp"],
+                "achieved_keep": report.achieved_keep,
+                "compress_seconds": report.seconds,
+                "perplexity": _score(model, tokenizer, texts, args, "compressed"),
+            }
+        )
+        if not args.no_baseline:
+            del model
+            gc.collect()
+            base, _, _ = models.load_dense(metadata["base_model"], dtype=dtype, device=device)
+            dense = {"model": metadata["base_model"], "kind": "dense", "params": report.params_before["total"]}
+            dense.update(mlp_params=report.params_before["mlp"], achieved_keep=1.0)
+            dense["perplexity"] = _score(base, tokenizer, texts, args, "dense")
+            rows.insert(0, dense)
+    protocol = (
+        f"token-level perplexity: non-overlapping {args.seq_len}-token windows"
+        f"{f' (first {args.max_windows})' if args.max_windows else ''}, no BOS, "
+        f"{str(dtype).removeprefix('torch.')} on {device}"
+    )
+    print(protocol)
+    print(eval_table(rows, [name for name, _ in texts]))
+    if args.json:
+        target = rows[-1]
+        first = texts[0][0]
+        summary = {"protocol": protocol, "rows": rows, "perplexity": target["perplexity"][first], "text": first}
+        print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+def eval_table(rows: list[dict], text_names: list[str]) -> str:
+    headers = ["model", "params", "MLP params", "MLP keep", "compress s"] + [f"PPL {n}" for n in text_names]
+    body = []
+    for row in rows:
+        cells = [row["kind"], row["params"], row.get("mlp_params", ""), row.get("achieved_keep", "")]
+        seconds = row.get("compress_seconds")
+        cells.append("" if seconds is None else round(seconds, 1))
+        cells += [row["perplexity"][name] for name in text_names]
+        body.append(cells)
+    table = format_table(headers, body)
+    if len(rows) == 2:
+        ratios = ", ".join(f"{n} x{rows[1]['perplexity'][n] / rows[0]['perplexity'][n]:.2f}" for n in text_names)
+        table += f"\ncompressed / dense perplexity: {ratios}"
+    return table
+
+
+def generate(args) -> int:
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    model, tokenizer, _ = _load_target(args.target, args)
+    device = next(model.parameters()).device
+    if args.chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template; drop --chat")
+        messages = [{"role": "user", "content": args.prompt}]
+        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    else:
+        encoded = tokenizer(args.prompt, return_tensors="pt")
+    encoded = {k: v.to(device) for k, v in encoded.items()}
+    torch.manual_seed(args.seed)
+    sampling = {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {"do_sample": False}
+    with torch.no_grad():
+        output = model.generate(
+            **encoded, max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling
+        )
+    prompt_len = encoded["input_ids"].shape[1]
+    print(tokenizer.decode(output[0, prompt_len:], skip_special_tokens=True))
+    return 0
+
+
+def info(args) -> int:
+    metadata = checkpoint.read_metadata(args.directory)
+    if args.json:
+        print(json.dumps(metadata, indent=2))
+        return 0
+    report = CompressionReport.from_dict(metadata["report"])
+    config = metadata["config"]
+    print(f"checkpoint {args.directory}: {metadata['model_type']} from {metadata['base_model']}, {metadata['dtype']}")
+    print(
+        f"method {config['method']}, keep {config['keep']}, align {config['align']}, targets {config['targets']}, "
+        f"calibration {config['calibration']} sha256 {report.calibration.get('sha256', '-')[:16]}"
+    )
+    print(layer_table(report))
+    print()
+    print(summary_line(report))
+    return 0
