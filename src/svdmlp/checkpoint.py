@@ -101,7 +101,9 @@ def check_target(directory: str | os.PathLike, overwrite: bool) -> None:
             f"{target} exists and is not an svdmlp checkpoint; refusing to replace it (choose another output)"
         )
     if not overwrite:
-        raise FileExistsError(f"{target} already holds an svdmlp checkpoint; pass overwrite=True (--overwrite)")
+        raise FileExistsError(
+            f"{target} already holds an svdmlp checkpoint; pass overwrite=True (--overwrite)"
+        )
 
 
 def _replace(staging: Path, target: Path) -> None:
@@ -164,9 +166,13 @@ def verify_weights(directory: str | os.PathLike, metadata: dict) -> Path:
         raise ValueError(f"checkpoint weights {path} are missing")
     size = path.stat().st_size
     if size != expected["bytes"]:
-        raise ValueError(f"checkpoint weights {path} are truncated or altered: {size} bytes, expected {expected['bytes']}")
+        raise ValueError(
+            f"checkpoint weights {path} are truncated or altered: {size} bytes, expected {expected['bytes']}"
+        )
     if _sha256(path) != expected["sha256"]:
-        raise ValueError(f"checkpoint weights {path} are corrupted: SHA-256 differs from the one recorded at save time")
+        raise ValueError(
+            f"checkpoint weights {path} are corrupted: SHA-256 differs from the one recorded at save time"
+        )
     return path
 
 

@@ -7,6 +7,8 @@ import sys
 from importlib import import_module
 
 from svdmlp import __version__
+from svdmlp.bench.cli import add_bench_parser
+from svdmlp.plan.cli import add_plan_parser
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -23,8 +25,15 @@ def _csv(kind):
 
 def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    parser.add_argument("--dtype", choices=DTYPES, default=None, help="compute dtype (default: float32 on CPU, bfloat16 on CUDA)")
-    parser.add_argument("--backend", choices=("auto", "torch", "triton"), default="auto", help="kernels for low-rank layers")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="compute dtype (default: float32 on CPU, bfloat16 on CUDA)",
+    )
+    parser.add_argument(
+        "--backend", choices=("auto", "torch", "triton"), default="auto", help="kernels for low-rank layers"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,29 +46,68 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = commands.add_parser("compress", help="factorise a model's MLPs and save a checkpoint")
-    p.add_argument("model", nargs="?", default=None, help="model directory or hub id (default: built-in SmolLM2-135M-Instruct)")
-    p.add_argument("--keep", type=float, default=0.8, help="fraction of MLP parameters kept, in (0, 1] (default 0.8)")
-    p.add_argument("--method", choices=("whiten", "svd"), default="whiten", help="activation-aware (whiten) or plain SVD")
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="model directory or hub id (default: built-in SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--keep", type=float, default=0.8, help="fraction of MLP parameters kept, in (0, 1] (default 0.8)"
+    )
+    p.add_argument(
+        "--method", choices=("whiten", "svd"), default="whiten", help="activation-aware (whiten) or plain SVD"
+    )
     p.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
-    p.add_argument("--calib", default="shakespeare", help="calibration text file (default: built-in Shakespeare plays)")
+    p.add_argument(
+        "--calib", default="shakespeare", help="calibration text file (default: built-in Shakespeare plays)"
+    )
     p.add_argument("--calib-samples", type=int, default=32, help="calibration windows (default 32)")
-    p.add_argument("--calib-seq-len", type=int, default=512, help="tokens per calibration window (default 512)")
+    p.add_argument(
+        "--calib-seq-len", type=int, default=512, help="tokens per calibration window (default 512)"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--targets", type=_csv(str), default=("gate", "up", "down"), help="projections to factorise")
+    p.add_argument(
+        "--targets", type=_csv(str), default=("gate", "up", "down"), help="projections to factorise"
+    )
     p.add_argument("--layers", type=_csv(int), default=None, help="decoder layer indices (default: all)")
-    p.add_argument("--save-dtype", choices=DTYPES, default="bfloat16", help="dtype of the saved weights (default bfloat16)")
+    p.add_argument(
+        "--save-dtype",
+        choices=DTYPES,
+        default="bfloat16",
+        help="dtype of the saved weights (default bfloat16)",
+    )
     p.add_argument("--out", required=True, help="checkpoint directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace an existing svdmlp checkpoint at --out")
     _add_runtime_options(p)
     p.set_defaults(func="compress")
 
     p = commands.add_parser("eval", help="perplexity of a checkpoint (and its dense base) or of a model")
-    p.add_argument("target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)")
-    p.add_argument("--text", action="append", default=None, help="text file, or 'shakespeare-heldout' (repeatable; default: shakespeare-heldout)")
-    p.add_argument("--dataset", action="append", default=[], help="wikitext2, ptb or c4 through `datasets` (repeatable)")
-    p.add_argument("--data-files", action="append", default=[], metavar="SET=PATH", help="local copy of a --dataset, e.g. wikitext2=test.parquet")
-    p.add_argument("--seq-len", type=int, default=2048, help="tokens per window (default 2048, as in the literature)")
-    p.add_argument("--max-windows", type=int, default=None, help="score only the first N windows of each text")
+    p.add_argument(
+        "target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)"
+    )
+    p.add_argument(
+        "--text",
+        action="append",
+        default=None,
+        help="text file, or 'shakespeare-heldout' (repeatable; default: shakespeare-heldout)",
+    )
+    p.add_argument(
+        "--dataset", action="append", default=[], help="wikitext2, ptb or c4 through `datasets` (repeatable)"
+    )
+    p.add_argument(
+        "--data-files",
+        action="append",
+        default=[],
+        metavar="SET=PATH",
+        help="local copy of a --dataset, e.g. wikitext2=test.parquet",
+    )
+    p.add_argument(
+        "--seq-len", type=int, default=2048, help="tokens per window (default 2048, as in the literature)"
+    )
+    p.add_argument(
+        "--max-windows", type=int, default=None, help="score only the first N windows of each text"
+    )
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--no-baseline", action="store_true", help="skip the dense base model of a checkpoint")
     p.add_argument("--json", action="store_true", help="end the output with one JSON line")
@@ -67,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func="evaluate")
 
     p = commands.add_parser("generate", help="generate text with a checkpoint or a model")
-    p.add_argument("target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)")
+    p.add_argument(
+        "target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)"
+    )
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default)")
@@ -81,12 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print svdmlp.json as is")
     p.set_defaults(func="info")
 
-    for extension in _EXTENSIONS:
-        extension(commands)
+    add_plan_parser(commands)
+    add_bench_parser(commands)
     return parser
-
-
-_EXTENSIONS: list = []
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,11 +59,15 @@ def compress(args) -> int:
     report = pipeline.compress(model, tokenizer, config)
     model.to(getattr(torch, args.save_dtype))
     base = args.model or models.DEFAULT_MODEL
-    path = checkpoint.save(args.out, model, tokenizer, config, report, base_model=base, overwrite=args.overwrite)
+    path = checkpoint.save(
+        args.out, model, tokenizer, config, report, base_model=base, overwrite=args.overwrite
+    )
     print(layer_table(report))
     print()
     print(summary_line(report))
-    print(f"compress wall time {time.perf_counter() - started:.1f} s (factorisation {report.seconds:.1f} s); saved {path}")
+    print(
+        f"compress wall time {time.perf_counter() - started:.1f} s (factorisation {report.seconds:.1f} s); saved {path}"
+    )
     return 0
 
 
@@ -127,7 +131,9 @@ def evaluate(args) -> int:
     rows = []
     if metadata is None:
         counts = count_parameters(model, [])
-        rows.append({"model": args.target or models.DEFAULT_MODEL, "kind": "dense", "params": counts["total"]})
+        rows.append(
+            {"model": args.target or models.DEFAULT_MODEL, "kind": "dense", "params": counts["total"]}
+        )
         rows[-1]["perplexity"] = _score(model, tokenizer, texts, args, "dense")
     else:
         report = CompressionReport.from_dict(metadata["report"])
@@ -148,7 +154,11 @@ def evaluate(args) -> int:
             del model
             gc.collect()
             base, _, _ = models.load_dense(metadata["base_model"], dtype=dtype, device=device)
-            dense = {"model": metadata["base_model"], "kind": "dense", "params": report.params_before["total"]}
+            dense = {
+                "model": metadata["base_model"],
+                "kind": "dense",
+                "params": report.params_before["total"],
+            }
             dense.update(mlp_params=report.params_before["mlp"], achieved_keep=1.0)
             dense["perplexity"] = _score(base, tokenizer, texts, args, "dense")
             rows.insert(0, dense)
@@ -162,7 +172,12 @@ def evaluate(args) -> int:
     if args.json:
         target = rows[-1]
         first = texts[0][0]
-        summary = {"protocol": protocol, "rows": rows, "perplexity": target["perplexity"][first], "text": first}
+        summary = {
+            "protocol": protocol,
+            "rows": rows,
+            "perplexity": target["perplexity"][first],
+            "text": first,
+        }
         print(json.dumps(summary, sort_keys=True))
     return 0
 
@@ -178,7 +193,9 @@ def eval_table(rows: list[dict], text_names: list[str]) -> str:
         body.append(cells)
     table = format_table(headers, body)
     if len(rows) == 2:
-        ratios = ", ".join(f"{n} x{rows[1]['perplexity'][n] / rows[0]['perplexity'][n]:.2f}" for n in text_names)
+        ratios = ", ".join(
+            f"{n} x{rows[1]['perplexity'][n] / rows[0]['perplexity'][n]:.2f}" for n in text_names
+        )
         table += f"\ncompressed / dense perplexity: {ratios}"
     return table
 
@@ -194,12 +211,16 @@ def generate(args) -> int:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template; drop --chat")
         messages = [{"role": "user", "content": args.prompt}]
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        encoded = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
     else:
         encoded = tokenizer(args.prompt, return_tensors="pt")
     encoded = {k: v.to(device) for k, v in encoded.items()}
     torch.manual_seed(args.seed)
-    sampling = {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {"do_sample": False}
+    sampling = (
+        {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {"do_sample": False}
+    )
     with torch.no_grad():
         output = model.generate(
             **encoded, max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling
@@ -216,7 +237,9 @@ def info(args) -> int:
         return 0
     report = CompressionReport.from_dict(metadata["report"])
     config = metadata["config"]
-    print(f"checkpoint {args.directory}: {metadata['model_type']} from {metadata['base_model']}, {metadata['dtype']}")
+    print(
+        f"checkpoint {args.directory}: {metadata['model_type']} from {metadata['base_model']}, {metadata['dtype']}"
+    )
     print(
         f"method {config['method']}, keep {config['keep']}, align {config['align']}, targets {config['targets']}, "
         f"calibration {config['calibration']} sha256 {report.calibration.get('sha256', '-')[:16]}"

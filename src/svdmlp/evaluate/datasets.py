@@ -37,7 +37,14 @@ SETS: dict[str, PerplexitySet] = {
     ),
 }
 
-_LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".gz": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
+_LOCAL_BUILDERS = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".gz": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".txt": "text",
+}
 
 
 def load_text(name: str, data_files: str | None = None) -> str:
@@ -48,7 +55,9 @@ def load_text(name: str, data_files: str | None = None) -> str:
     try:
         from datasets import load_dataset
     except ImportError:
-        raise ValueError("perplexity sets need the 'datasets' package: pip install 'svdmlp[datasets]'") from None
+        raise ValueError(
+            "perplexity sets need the 'datasets' package: pip install 'svdmlp[datasets]'"
+        ) from None
     try:
         if data_files is not None:
             dataset = load_dataset(_local_builder(data_files), data_files=str(data_files), split="train")
@@ -58,9 +67,13 @@ def load_text(name: str, data_files: str | None = None) -> str:
         raise
     except Exception as err:  # datasets raises many types (ConnectionError, DatasetNotFoundError, ...)
         where = data_files or f"{spec.path} from the Hugging Face hub"
-        raise ValueError(f"could not load perplexity set {name!r} ({where}): {str(err).splitlines()[0]}") from None
+        raise ValueError(
+            f"could not load perplexity set {name!r} ({where}): {str(err).splitlines()[0]}"
+        ) from None
     if spec.column not in dataset.column_names:
-        raise ValueError(f"{name!r} data has columns {dataset.column_names}; expected a {spec.column!r} column")
+        raise ValueError(
+            f"{name!r} data has columns {dataset.column_names}; expected a {spec.column!r} column"
+        )
     documents = dataset[spec.column]
     if spec.max_documents is not None:
         documents = documents[: spec.max_documents]

@@ -61,7 +61,9 @@ def perplexity(
         batch = batch.to(device)
         logits = model(input_ids=batch, use_cache=False).logits[:, :-1].float()  # (B, L-1, V)
         targets = batch[:, 1:]
-        total_nll += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum").item()
+        total_nll += F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+        ).item()
         predicted += targets.numel()
     mean = total_nll / predicted
     return PerplexityResult(math.exp(mean), mean, predicted, windows.shape[0], windows.shape[1])
