@@ -1,0 +1,66 @@
+import pytest
+import torch
+
+from conftest import SAMPLE_TEXT, tiny_model
+from svdmlp import arch, calibrate
+
+
+def test_windows_are_seeded_disjoint_and_shaped(tokenizer):
+    a = calibrate.token_windows(tokenizer, SAMPLE_TEXT, 6, 32, seed=0)
+    b = calibrate.token_windows(tokenizer, SAMPLE_TEXT, 6, 32, seed=0)
+    c = calibrate.token_windows(tokenizer, SAMPLE_TEXT, 6, 32, seed=1)
+    assert a.shape == (6, 32) and a.dtype == torch.long
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    ids = tokenizer(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
+    starts = []
+    for row in a.tolist():  # every window is a real span of the text
+        start = next(i for i in range(len(ids) - 31) if ids[i : i + 32] == row)
+        starts.append(start)
+    assert all(later - earlier >= 32 for earlier, later in zip(starts, starts[1:], strict=False))
+    assert calibrate.tokens_hash(a) == calibrate.tokens_hash(b) != calibrate.tokens_hash(c)
+
+
+def test_more_windows_than_the_text_holds_overlap_instead_of_failing(tokenizer):
+    windows = calibrate.token_windows(tokenizer, SAMPLE_TEXT, 500, 64, seed=0)
+    assert windows.shape == (500, 64)
+
+
+@pytest.mark.parametrize(
+    "text, message", [("", "empty"), ("   \n", "empty"), ("the fox", "one window needs")]
+)
+def test_bad_calibration_text(tokenizer, text, message):
+    with pytest.raises(ValueError, match=message):
+        calibrate.token_windows(tokenizer, text, 4, 32, seed=0)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_grams_equal_the_inputs_the_projections_see(model_type):
+    model = tiny_model(model_type)
+    spec = arch.resolve(model.config.model_type)
+    layers = arch.decoder_layers(model, spec)
+    captured = {"gate": [], "down": []}
+    mlp = getattr(layers[1], spec.mlp)
+    hooks = [
+        getattr(mlp, spec.gate).register_forward_pre_hook(
+            lambda m, a: captured["gate"].append(a[0].double())
+        ),
+        getattr(mlp, spec.down).register_forward_pre_hook(
+            lambda m, a: captured["down"].append(a[0].double())
+        ),
+    ]
+    windows = torch.randint(0, 300, (5, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for batch in windows.split(2):
+            model(input_ids=batch, use_cache=False)
+    for hook in hooks:
+        hook.remove()
+    grams = calibrate.collect_grams(model, spec, windows, [1], batch_size=2, progress=False)
+    assert set(grams) == {1}
+    for key, attr in (("gate", "gate_up"), ("down", "down")):
+        x = torch.cat([t.reshape(-1, t.shape[-1]) for t in captured[key]])
+        torch.testing.assert_close(getattr(grams[1], attr), x.T @ x, rtol=1e-5, atol=1e-5)
+    assert grams[1].tokens == 5 * 16
+    # hooks are gone: a further forward pass changes nothing
+    before = grams[1].gate_up.clone()
+    model(input_ids=windows[:1])
+    assert torch.equal(before, grams[1].gate_up)

@@ -1,0 +1,133 @@
+import pytest
+import torch
+
+from svdmlp import decompose
+
+
+@pytest.mark.parametrize(
+    "in_f, out_f, keep, align, expected",
+    [
+        (576, 1536, 0.8, 32, 320),  # SmolLM2 MLP: 0.8·576·1536/(2112·32) = 10.47 blocks -> 10
+        (2048, 8192, 0.8, 128, 1280),  # Llama-3.2-1B up/gate, the paper's align
+        (4096, 14336, 0.6, 128, 1920),  # Llama-3.1-8B: 0.6·4096·14336/(18432·128) = 14.9 -> 15 blocks
+        (64, 96, 0.01, 8, 8),  # floor: at least one block
+        (64, 96, 1.0, 8, 40),  # keep 1 is not lossless: r = in·out/(in+out) = 38.4 -> 40 < 64
+    ],
+)
+def test_rank_rule(in_f, out_f, keep, align, expected):
+    assert decompose.rank_for_keep(in_f, out_f, keep, align) == expected
+    assert expected % align == 0 and expected < min(in_f, out_f)
+
+
+def test_rank_is_capped_below_full_rank_on_a_block_boundary():
+    # 0.99·100·100/(200·1) = 49.5 -> 50 is below 100; with align 30, round(1.65)=2 -> 60 < 100
+    assert decompose.rank_for_keep(100, 100, 1.0, 30) == 60
+    # a square 40x40 at keep 1 with align 16: round(20/16)=1 -> 16
+    assert decompose.rank_for_keep(40, 40, 1.0, 16) == 16
+    # 0.95·48·400 /((448)·8) = 5.09 -> 40 < 48; keep 1 -> 42.9/8 = 5.36 -> 40
+    assert decompose.rank_for_keep(48, 400, 1.0, 8) == 40
+
+
+@pytest.mark.parametrize(
+    "keep, align, message",
+    [
+        (0.0, 8, "keep must be in (0, 1]"),
+        (1.5, 8, "keep must be in (0, 1]"),
+        (-0.2, 8, "keep"),
+        (0.5, 0, "align"),
+    ],
+)
+def test_rank_rule_rejects_bad_input(keep, align, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("]", r"\]")):
+        decompose.rank_for_keep(64, 96, keep, align)
+
+
+def test_rank_that_cannot_fit_is_an_error():
+    with pytest.raises(ValueError, match="no room for a rank below min"):
+        decompose.rank_for_keep(64, 96, 0.5, 64)
+
+
+def test_kept_fraction():
+    assert decompose.kept_fraction(576, 1536, 320) == pytest.approx(320 * 2112 / (576 * 1536))
+
+
+def _random_weight(out_f=48, in_f=40, seed=0):
+    return torch.randn(out_f, in_f, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_full_rank_plain_svd_reproduces_the_weight():
+    w = _random_weight()
+    factors = decompose.plain_svd(w, min(w.shape))
+    assert factors.u.shape == (40, 40) and factors.v.shape == (48, 40)
+    torch.testing.assert_close((factors.v @ factors.u).double(), w, atol=1e-5, rtol=1e-5)
+
+
+def _correlated_gram(dim, seed=1, tokens=4000):
+    g = torch.Generator().manual_seed(seed)
+    mixing = torch.randn(dim, dim, generator=g, dtype=torch.float64) * torch.logspace(
+        0, -3, dim, dtype=torch.float64
+    )
+    x = torch.randn(tokens, dim, generator=g, dtype=torch.float64) @ mixing.T
+    x[:, 3] *= 30.0  # an outlier channel, as real LLM activations have
+    return x.T @ x
+
+
+def test_full_rank_whitened_svd_reproduces_the_weight():
+    w = _random_weight()
+    factors = decompose.whitened_svd(w, _correlated_gram(40), 40)
+    torch.testing.assert_close((factors.v @ factors.u).double(), w, atol=1e-4, rtol=1e-4)
+
+
+def test_whitening_beats_plain_svd_on_correlated_inputs():
+    w, gram = _random_weight(), _correlated_gram(40)
+    for rank in (4, 8, 16):
+        plain = decompose.weighted_relative_error(w, decompose.plain_svd(w, rank), gram)
+        whitened = decompose.weighted_relative_error(w, decompose.whitened_svd(w, gram, rank), gram)
+        assert whitened < 0.7 * plain, (rank, whitened, plain)
+
+
+def test_whitened_svd_is_optimal_against_random_factors():
+    w, gram = _random_weight(), _correlated_gram(40)
+    best = decompose.weighted_relative_error(w, decompose.whitened_svd(w, gram, 8), gram)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(5):
+        plain = decompose.plain_svd(w + 0.05 * torch.randn(w.shape, generator=g, dtype=torch.float64), 8)
+        assert decompose.weighted_relative_error(w, plain, gram) >= best
+
+
+def test_whitening_with_identity_gram_matches_plain_svd():
+    w = _random_weight()
+    a = decompose.plain_svd(w, 10)
+    b = decompose.whitened_svd(w, torch.eye(40, dtype=torch.float64), 10)
+    torch.testing.assert_close(b.v @ b.u, a.v @ a.u, atol=1e-5, rtol=1e-5)
+
+
+def test_error_falls_as_rank_grows():
+    w, gram = _random_weight(), _correlated_gram(40)
+    errors = [
+        decompose.weighted_relative_error(w, decompose.whitened_svd(w, gram, r), gram) for r in (4, 8, 16, 32)
+    ]
+    assert errors == sorted(errors, reverse=True)
+
+
+def test_singular_gram_is_floored_not_fatal():
+    # Rank-deficient inputs (dead channels): Cholesky would fail; the eigenvalue floor must not.
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(100, 40, generator=g, dtype=torch.float64)
+    x[:, 20:] = 0.0
+    factors = decompose.whitened_svd(_random_weight(), x.T @ x, 8)
+    assert torch.isfinite(factors.u).all() and torch.isfinite(factors.v).all()
+
+
+@pytest.mark.parametrize("bad, message", [(float("nan"), "NaN or inf"), (0.0, "zero")])
+def test_bad_grams_are_clear_errors(bad, message):
+    gram = torch.full((40, 40), bad, dtype=torch.float64)
+    with pytest.raises(ValueError, match=message):
+        decompose.whitened_svd(_random_weight(), gram, 8)
+
+
+def test_weighted_error_without_gram_is_frobenius():
+    w = _random_weight()
+    factors = decompose.plain_svd(w, 5)
+    expected = float((w - factors.v.double() @ factors.u.double()).norm() / w.norm())
+    assert decompose.weighted_relative_error(w, factors, None) == pytest.approx(expected)
