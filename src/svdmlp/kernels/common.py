@@ -1,0 +1,134 @@
+"""What every kernel launcher shares: input validation, buffer allocation and two `@triton.jit` helpers.
+
+Kept apart from the kernels so that each kernel file holds one kernel and its launcher only.
+
+Interpreter rule for every kernel here: use only builtins of ``triton.language`` (``tl.full``, not
+``tl.zeros``; integer division, not ``tl.cdiv``). The standard library's helpers are ``@triton.jit``
+functions created when ``triton.language`` is first imported; if that happened before
+TRITON_INTERPRET=1 was set (transformers imports Triton), the interpreter cannot call them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from svdmlp.backends.torch_ref import ACTIVATIONS
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def is_interpreted(kernel: object) -> bool:
+    """Whether ``kernel`` runs in the Triton interpreter (TRITON_INTERPRET=1 when it was defined)."""
+    return not isinstance(kernel, triton.runtime.JITFunction)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` input precision: exact IEEE fp32 products for fp32 inputs, as torch's default matmul.
+
+    On a GPU fp32 ``tl.dot`` defaults to TF32 (10-bit mantissa, ~1e-3 relative error); fp32 callers
+    expect fp32 results, so fp32 pays for FMA-based dots. 16-bit inputs ignore the setting.
+    """
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def new_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every buffer a launcher allocates comes from here (tests poison it with NaN through this hook)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
+    """Launch on the tensors' GPU even when it is not the current one (Triton launches on the current)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def flatten_tokens(x: torch.Tensor) -> torch.Tensor:
+    """View ``x (..., in)`` as ``(M, in)``; copies only when the leading dims cannot be merged as a view."""
+    return x.reshape(-1, x.shape[-1])
+
+
+def check_inputs(op: str, x: torch.Tensor, factors: dict[str, torch.Tensor]) -> None:
+    """Raise ValueError, naming shapes, dtypes and devices, unless ``x`` and ``factors`` can run together."""
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"{op}: x has dtype {x.dtype}; supported: {SUPPORTED_DTYPES}")
+    if x.dim() < 1:
+        raise ValueError(f"{op}: x must have at least one dimension (..., in); got shape {tuple(x.shape)}")
+    for name, tensor in factors.items():
+        if tensor.dim() != 2:
+            raise ValueError(f"{op}: {name} must be 2-D; got shape {tuple(tensor.shape)}")
+        if tensor.dtype != x.dtype:
+            raise ValueError(
+                f"{op}: {name} has dtype {tensor.dtype} but x has {x.dtype}; cast them to one dtype"
+            )
+        if tensor.device != x.device:
+            raise ValueError(f"{op}: {name} is on {tensor.device} but x is on {x.device}")
+
+
+def check_device(op: str, x: torch.Tensor, kernel: object) -> None:
+    """Triton kernels need CUDA tensors, or CPU tensors when the kernels are interpreted."""
+    if is_interpreted(kernel):
+        if x.device.type != "cpu":
+            raise ValueError(
+                f"{op}: the Triton interpreter (TRITON_INTERPRET=1) runs on CPU tensors; x is on {x.device}"
+            )
+    elif x.device.type != "cuda":
+        raise ValueError(
+            f"{op}: Triton kernels need CUDA tensors; x is on {x.device} "
+            "(set TRITON_INTERPRET=1 before importing svdmlp.kernels to run them slowly on CPU)"
+        )
+
+
+def check_inner(op: str, left: str, left_size: int, right: str, right_size: int) -> None:
+    """Raise ValueError unless two dimensions that must agree do."""
+    if left_size != right_size:
+        raise ValueError(f"{op}: {left} ({left_size}) must equal {right} ({right_size})")
+
+
+def check_activation(op: str, activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{op}: unknown activation {activation!r}; expected one of {ACTIVATIONS}")
+
+
+@triton.jit
+def dot_f32(a, b, UPCAST_DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """``a @ b`` accumulated in fp32.
+
+    UPCAST_DOT is set only under the interpreter, whose 16-bit ``tl.dot`` is wrong for bf16 (it multiplies
+    raw bit patterns) and slow for fp16 (numpy has no fp16 BLAS); on a GPU the 16-bit operands go to the
+    tensor cores as they are.
+    """
+    if UPCAST_DOT:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def activate_f32(gate, ACTIVATION: tl.constexpr):
+    """The gate nonlinearity in fp32: SiLU, or GELU with the tanh approximation.
+
+    GELU-tanh is written as ``g · sigmoid(2·c·(g + 0.044715·g³))``, which equals
+    ``0.5·g·(1 + tanh(c·(g + 0.044715·g³)))`` and needs no tanh (not a core ``triton.language`` op;
+    libdevice's would tie the kernel to one backend), with no cancellation near ``g = 0``.
+    """
+    if ACTIVATION == "silu":
+        sigmoid_arg = gate
+    else:
+        sigmoid_arg = 1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)  # 2·sqrt(2/π)·(...)
+    return gate / (1.0 + tl.exp(-sigmoid_arg))
+
+
+@triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Map a linear program id to (tile row, tile column), walking GROUP_M tile rows down one tile
+    column before moving right, so that programs running together share operand tiles in L2."""
+    n_tiles = (N + BLOCK_N - 1) // BLOCK_N
+    tiles_per_group = GROUP_M * n_tiles
+    first_m_tile = (pid // tiles_per_group) * GROUP_M
+    group_rows = tl.minimum((M + BLOCK_M - 1) // BLOCK_M - first_m_tile, GROUP_M)
+    pid_m = first_m_tile + (pid % tiles_per_group) % group_rows
+    pid_n = (pid % tiles_per_group) // group_rows
+    return pid_m, pid_n

@@ -1,0 +1,118 @@
+"""One GEMM stage of a low-rank product: the shrink ``t = x·u_t`` or the expand ``y = t·v_t``."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from svdmlp.kernels import configs
+from svdmlp.kernels.common import dot_f32, dot_precision, grouped_tile, is_interpreted
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    zero_ptr,
+    M,
+    N,
+    K,
+    zero_numel,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    ZERO_BLOCK: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """``c = a @ b`` with fp32 accumulation; ``a`` is cast to ``b``'s dtype before each dot.
+
+    Schedule: one program per (BLOCK_M × BLOCK_N) tile of ``c``, K streamed in BLOCK_K steps. The
+    tile order is grouped along M (GROUP_M tiles of M per column of tiles) so that at prefill a column
+    of ``b`` tiles is reused from L2 by neighbouring programs. At decode (one M tile) the grid is the
+    N split alone: every program streams a distinct ``b`` column slab, so the factor is read once,
+    spread over all SMs. ``a`` may be fp32 (the decode down strip, summed with atomics) and is
+    rounded to the factor dtype like torch's intermediate, so that 16-bit dots use tensor cores.
+
+    When ZERO_BLOCK > 0, each program also zeroes ZERO_BLOCK elements of ``zero_ptr``: the gated MLP
+    uses this to clear the fp32 buffer that its next kernel accumulates into, saving a memset launch.
+    """
+    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    row_in = rows[:, None] < M
+    col_in = cols[None, :] < N
+    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :] * stride_ak
+    b_ptrs = b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn
+
+    acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.float32)
+    for k_start in range(0, K, BLOCK_K):
+        k_left = K - k_start
+        a = tl.load(a_ptrs, mask=row_in & (ks[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(ks[:, None] < k_left) & col_in, other=0.0)
+        acc += dot_f32(a.to(b.dtype), b, UPCAST_DOT, PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    c_ptrs = c_ptr + rows[:, None].to(tl.int64) * stride_cm + cols[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_in & col_in)
+
+    if ZERO_BLOCK > 0:
+        zero_offsets = pid * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
+        zeros = tl.full((ZERO_BLOCK,), 0, dtype=zero_ptr.dtype.element_ty)
+        tl.store(zero_ptr + zero_offsets, zeros, mask=zero_offsets < zero_numel)
+
+
+def matmul(
+    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, zero: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``out[:] = a @ b`` for 2-D tensors of any strides; optionally zero ``zero`` (contiguous) on the way.
+
+    ``a`` is (M, K) in ``b``'s dtype or fp32; ``b`` is (K, N); ``out`` is (M, N). Shapes are the
+    caller's responsibility (the public ops validate them).
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    interpreted = is_interpreted(_matmul_kernel)
+    tiles = configs.matmul_tiles(m, n, k, b.dtype, configs.sm_count(b.device), interpreted)
+    programs = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
+    zero_numel = 0 if zero is None else zero.numel()
+    zero_block = triton.next_power_of_2(triton.cdiv(zero_numel, programs)) if zero_numel else 0
+    _matmul_kernel[(programs,)](
+        a,
+        b,
+        out,
+        out if zero is None else zero,
+        m,
+        n,
+        k,
+        zero_numel,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        GROUP_M=tiles.group_m,
+        ZERO_BLOCK=zero_block,
+        UPCAST_DOT=interpreted,
+        PRECISION=dot_precision(b.dtype),
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
+    return out
