@@ -176,6 +176,20 @@ def verify_weights(directory: str | os.PathLike, metadata: dict) -> Path:
     return path
 
 
+def _retie(model: nn.Module, aliases: dict[str, str]) -> None:
+    """Make each alias the very tensor it was tied to at save time.
+
+    ``load_state_dict(assign=True)`` wraps every entry in its own Parameter, so tied weights (an
+    embedding shared with the LM head) would come back as two parameters that a later ``.to(dtype)``
+    copies apart. Sharing the module attribute restores one tensor, as in the saved model.
+    """
+    for alias, stored_name in aliases.items():
+        owner, _, attribute = alias.rpartition(".")
+        source_owner, _, source_attribute = stored_name.rpartition(".")
+        shared = getattr(model.get_submodule(source_owner), source_attribute)
+        setattr(model.get_submodule(owner), attribute, shared)
+
+
 def load(
     directory: str | os.PathLike,
     backend: str = "auto",
@@ -216,6 +230,7 @@ def load(
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as err:
         raise ValueError(f"checkpoint {directory} does not match its recorded architecture: {err}") from None
+    _retie(model, metadata.get("tied", {}))
     model = model.to(device=device, dtype=dtype or stored).eval()
     modules.set_backend(model, backend)
     tokenizer = AutoTokenizer.from_pretrained(directory)

