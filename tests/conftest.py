@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
-
+# Before any import: huggingface_hub reads these when it is first imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")
+
+import torch  # noqa: E402
+
+# Without a GPU the Triton kernels run under the interpreter. The variable must be set before
+# anything imports triton (transformers does, below), or triton.language's helpers break.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
 VOCAB = 320
 HIDDEN, INTER, LAYERS = 64, 96, 2
@@ -63,6 +71,19 @@ def tiny_model(model_type: str, seed: int = 0, **overrides) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(model_type, **overrides), dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(request):
+    """Tiny matrices gain nothing from threads, and OpenMP spinning on a busy 2-core box costs up to
+    100x; one thread also makes results independent of the machine. Slow tests keep all threads."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -7,21 +7,12 @@ import shutil
 
 import pytest
 import torch
-from tests.conftest import ARCH_CONFIGS, SAMPLE_TEXT, VOCAB, tiny_model
 
+from conftest import ARCH_CONFIGS, SAMPLE_TEXT, VOCAB, tiny_model
 from svdmlp import checkpoint, pipeline
 from svdmlp.config import CalibrationSpec, CompressConfig
 from svdmlp.modules import LowRankGatedMLP, LowRankLinear
 from svdmlp.report import CompressionReport
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices gain nothing from threads, and OpenMP spinning on a busy 2-core box costs 100x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _config(text_path, **overrides) -> CompressConfig:

@@ -11,9 +11,9 @@ import shutil
 import huggingface_hub.constants
 import pytest
 import torch
-from tests.conftest import SAMPLE_TEXT, tiny_model
 from transformers import AutoModelForCausalLM, BertConfig, GPT2Config
 
+from conftest import SAMPLE_TEXT, tiny_model
 from svdmlp import checkpoint
 from svdmlp.cli import build_parser, main
 
@@ -22,15 +22,11 @@ EVAL = ["--seq-len", "32", "--max-windows", "2"]
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _cpu_one_thread():
-    """The same defaults (CPU, float32) on every machine, and one thread: tiny matrices gain nothing
-    from threads, and OpenMP spinning on a busy 2-core box costs 100x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _cpu_defaults():
+    """The same defaults (CPU, float32) on every machine."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: False)
         yield
-    torch.set_num_threads(threads)
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:

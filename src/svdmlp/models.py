@@ -86,7 +86,14 @@ def resolve_model_path(name: str | None) -> str:
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
         return str(path)
-    if name.startswith((".", "/", "~")) or os.sep in name.strip("/").replace("/", "", 1):
+    # A hub id is "name" or "org/name"; anything else shaped like a path is a missing directory.
+    if (
+        name.startswith((".", "/", "~"))
+        or name.endswith("/")
+        or name.count("/") > 1
+        or os.sep != "/"
+        and os.sep in name
+    ):
         raise FileNotFoundError(f"model directory {name} does not exist")
     return name
 
