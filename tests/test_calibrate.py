@@ -33,13 +33,14 @@ def test_bad_calibration_text(tokenizer, text, message):
         calibrate.token_windows(tokenizer, text, 4, 32, seed=0)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
-def test_grams_equal_the_inputs_the_projections_see(model_type):
+@pytest.mark.parametrize("model_type, index", [("llama", 1), ("gemma3_text", 1), ("llama", 0)])
+def test_grams_equal_the_inputs_the_projections_see(model_type, index):
+    """Also when the forward stops early after the last calibrated layer (index 0 of 2)."""
     model = tiny_model(model_type)
     spec = arch.resolve(model.config.model_type)
     layers = arch.decoder_layers(model, spec)
     captured = {"gate": [], "down": []}
-    mlp = getattr(layers[1], spec.mlp)
+    mlp = getattr(layers[index], spec.mlp)
     hooks = [
         getattr(mlp, spec.gate).register_forward_pre_hook(
             lambda m, a: captured["gate"].append(a[0].double())
@@ -54,13 +55,13 @@ def test_grams_equal_the_inputs_the_projections_see(model_type):
             model(input_ids=batch, use_cache=False)
     for hook in hooks:
         hook.remove()
-    grams = calibrate.collect_grams(model, spec, windows, [1], batch_size=2, progress=False)
-    assert set(grams) == {1}
+    grams = calibrate.collect_grams(model, spec, windows, [index], batch_size=2, progress=False)
+    assert set(grams) == {index}
     for key, attr in (("gate", "gate_up"), ("down", "down")):
         x = torch.cat([t.reshape(-1, t.shape[-1]) for t in captured[key]])
-        torch.testing.assert_close(getattr(grams[1], attr), x.T @ x, rtol=1e-5, atol=1e-5)
-    assert grams[1].tokens == 5 * 16
+        torch.testing.assert_close(getattr(grams[index], attr), x.T @ x, rtol=1e-5, atol=1e-5)
+    assert grams[index].tokens == 5 * 16
     # hooks are gone: a further forward pass changes nothing
-    before = grams[1].gate_up.clone()
-    model(input_ids=windows[:1])
-    assert torch.equal(before, grams[1].gate_up)
+    before = grams[index].gate_up.clone()
+    assert model(input_ids=windows[:1]).logits.shape == (1, 16, 320)  # the stop hook is gone too
+    assert torch.equal(before, grams[index].gate_up)

@@ -74,7 +74,7 @@ def _correlated_gram(dim, seed=1, tokens=4000):
 
 def test_full_rank_whitened_svd_reproduces_the_weight():
     w = _random_weight()
-    factors = decompose.whitened_svd(w, _correlated_gram(40), 40)
+    factors = decompose.whitened_svd(w, decompose.Whitening.from_gram(_correlated_gram(40)), 40)
     torch.testing.assert_close((factors.v @ factors.u).double(), w, atol=1e-4, rtol=1e-4)
 
 
@@ -82,13 +82,13 @@ def test_whitening_beats_plain_svd_on_correlated_inputs():
     w, gram = _random_weight(), _correlated_gram(40)
     for rank in (4, 8, 16):
         plain = decompose.weighted_relative_error(w, decompose.plain_svd(w, rank), gram)
-        whitened = decompose.weighted_relative_error(w, decompose.whitened_svd(w, gram, rank), gram)
+        whitened = decompose.weighted_relative_error(w, decompose.whitened_svd(w, decompose.Whitening.from_gram(gram), rank), gram)
         assert whitened < 0.7 * plain, (rank, whitened, plain)
 
 
 def test_whitened_svd_is_optimal_against_random_factors():
     w, gram = _random_weight(), _correlated_gram(40)
-    best = decompose.weighted_relative_error(w, decompose.whitened_svd(w, gram, 8), gram)
+    best = decompose.weighted_relative_error(w, decompose.whitened_svd(w, decompose.Whitening.from_gram(gram), 8), gram)
     g = torch.Generator().manual_seed(5)
     for _ in range(5):
         plain = decompose.plain_svd(w + 0.05 * torch.randn(w.shape, generator=g, dtype=torch.float64), 8)
@@ -98,14 +98,14 @@ def test_whitened_svd_is_optimal_against_random_factors():
 def test_whitening_with_identity_gram_matches_plain_svd():
     w = _random_weight()
     a = decompose.plain_svd(w, 10)
-    b = decompose.whitened_svd(w, torch.eye(40, dtype=torch.float64), 10)
+    b = decompose.whitened_svd(w, decompose.Whitening.from_gram(torch.eye(40, dtype=torch.float64)), 10)
     torch.testing.assert_close(b.v @ b.u, a.v @ a.u, atol=1e-5, rtol=1e-5)
 
 
 def test_error_falls_as_rank_grows():
     w, gram = _random_weight(), _correlated_gram(40)
     errors = [
-        decompose.weighted_relative_error(w, decompose.whitened_svd(w, gram, r), gram) for r in (4, 8, 16, 32)
+        decompose.weighted_relative_error(w, decompose.whitened_svd(w, decompose.Whitening.from_gram(gram), r), gram) for r in (4, 8, 16, 32)
     ]
     assert errors == sorted(errors, reverse=True)
 
@@ -115,7 +115,7 @@ def test_singular_gram_is_floored_not_fatal():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(100, 40, generator=g, dtype=torch.float64)
     x[:, 20:] = 0.0
-    factors = decompose.whitened_svd(_random_weight(), x.T @ x, 8)
+    factors = decompose.whitened_svd(_random_weight(), decompose.Whitening.from_gram(x.T @ x), 8)
     assert torch.isfinite(factors.u).all() and torch.isfinite(factors.v).all()
 
 
@@ -123,7 +123,7 @@ def test_singular_gram_is_floored_not_fatal():
 def test_bad_grams_are_clear_errors(bad, message):
     gram = torch.full((40, 40), bad, dtype=torch.float64)
     with pytest.raises(ValueError, match=message):
-        decompose.whitened_svd(_random_weight(), gram, 8)
+        decompose.Whitening.from_gram(gram)
 
 
 def test_weighted_error_without_gram_is_frobenius():
@@ -131,3 +131,12 @@ def test_weighted_error_without_gram_is_frobenius():
     factors = decompose.plain_svd(w, 5)
     expected = float((w - factors.v.double() @ factors.u.double()).norm() / w.norm())
     assert decompose.weighted_relative_error(w, factors, None) == pytest.approx(expected)
+
+
+def test_whitening_applies_the_gram_root_and_its_inverse():
+    gram = _correlated_gram(12)
+    whitening = decompose.Whitening.from_gram(gram, floor=0.0)
+    m = torch.randn(5, 12, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    root = whitening.whiten(torch.eye(12, dtype=torch.float64))
+    torch.testing.assert_close(root @ root, gram, rtol=1e-8, atol=1e-6)
+    torch.testing.assert_close(whitening.unwhiten(whitening.whiten(m)), m)

@@ -56,6 +56,10 @@ class LayerGrams:
     tokens: int = 0
 
 
+class _LastLayerDone(Exception):
+    """Raised by a hook once the last calibrated MLP has run: the rest of the forward is wasted work."""
+
+
 def _accumulate(target: torch.Tensor, x: torch.Tensor) -> None:
     flat = x.detach().reshape(-1, x.shape[-1]).float()
     # One batch's XᵀX in fp32 (fast GEMM, error ~1e-6 relative), accumulated across batches in fp64.
@@ -95,10 +99,19 @@ def collect_grams(
 
         handles.append(mlp.register_forward_pre_hook(on_mlp_input))
         handles.append(down.register_forward_pre_hook(on_down_input))
+
+    def stop(module, args, output):
+        raise _LastLayerDone
+
+    # Later layers and the LM head (a fifth of SmolLM2's FLOPs) do not change the Grams: stop there.
+    handles.append(getattr(layers[max(layer_indices)], spec.mlp).register_forward_hook(stop))
     try:
         batches = windows.split(batch_size)
         for batch in tqdm(batches, desc="calibrating", unit="batch", disable=not progress):
-            model(input_ids=batch.to(device), use_cache=False)
+            try:
+                model(input_ids=batch.to(device), use_cache=False)
+            except _LastLayerDone:
+                pass
     finally:
         for handle in handles:
             handle.remove()

@@ -73,38 +73,51 @@ def plain_svd(weight: torch.Tensor, rank: int) -> Factors:
     return Factors(u=u.float(), v=v.float())
 
 
-def whitening(gram: torch.Tensor, floor: float = EIG_FLOOR) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric square root of the Gram matrix and its inverse, by eigendecomposition in float64.
+@dataclass(frozen=True)
+class Whitening:
+    """The symmetric square root ``S = Q·diag(r)·Qᵀ`` of a Gram matrix ``XᵀX``, kept factored.
 
-    Returns ``(S, S⁻¹)`` with ``S = Q·diag(√λ)·Qᵀ`` where ``λ`` are the eigenvalues of ``XᵀX``
-    floored at ``floor·λ_max``, so that ``‖(W − W')·Xᵀ‖_F = ‖(W − W')·S‖_F``.
+    ``r = √λ`` with the eigenvalues ``λ`` floored at ``floor·λ_max``. Kept as ``(Q, r)`` rather than
+    as ``S`` and ``S⁻¹``: applying it costs two thin products instead of forming two dense inverses,
+    and one eigendecomposition serves every projection that reads the same input (gate and up).
     """
-    g = gram.detach().to(torch.float64)
-    g = (g + g.T) / 2
-    if not torch.isfinite(g).all():
-        raise ValueError("calibration Gram matrix has NaN or inf entries: the model's activations overflowed")
-    eigenvalues, q = torch.linalg.eigh(g)
-    top = eigenvalues.max()
-    if top <= 0:
-        raise ValueError("calibration Gram matrix is zero: no activations reached this projection")
-    eigenvalues = eigenvalues.clamp(min=floor * top)
-    root = eigenvalues.sqrt()
-    return (q * root) @ q.T, (q / root) @ q.T
+
+    basis: torch.Tensor  # Q (in, in), float64
+    root: torch.Tensor  # r (in,), float64
+
+    @classmethod
+    def from_gram(cls, gram: torch.Tensor, floor: float = EIG_FLOOR) -> Whitening:
+        g = gram.detach().to(torch.float64)
+        g = (g + g.T) / 2
+        if not torch.isfinite(g).all():
+            raise ValueError("calibration Gram matrix has NaN or inf entries: the model's activations overflowed")
+        eigenvalues, basis = torch.linalg.eigh(g)
+        top = eigenvalues.max()
+        if top <= 0:
+            raise ValueError("calibration Gram matrix is zero: no activations reached this projection")
+        return cls(basis=basis, root=eigenvalues.clamp(min=floor * top).sqrt())
+
+    def whiten(self, m: torch.Tensor) -> torch.Tensor:
+        """``M·S`` for ``M (rows, in)``."""
+        return ((m @ self.basis) * self.root) @ self.basis.T
+
+    def unwhiten(self, m: torch.Tensor) -> torch.Tensor:
+        """``M·S⁻¹`` for ``M (rows, in)``."""
+        return ((m @ self.basis) / self.root) @ self.basis.T
 
 
-def whitened_svd(weight: torch.Tensor, gram: torch.Tensor, rank: int, floor: float = EIG_FLOOR) -> Factors:
+def whitened_svd(weight: torch.Tensor, whitening: Whitening, rank: int) -> Factors:
     """Activation-aware SVD: the rank-``rank`` factors minimising ``‖(W − V·U)·Xᵀ‖_F``.
 
-    With ``S`` the symmetric root of ``XᵀX``, the best rank-r approximation of ``W·S`` (by SVD)
-    mapped back by ``S⁻¹`` minimises the output error on the calibration activations.
-    Singular values are split as √Σ like :func:`plain_svd`.
+    ``‖(W − W')·Xᵀ‖_F = ‖(W − W')·S‖_F`` with ``S`` the root of ``XᵀX``, so the best rank-r
+    approximation of ``W·S`` (by SVD), mapped back by ``S⁻¹``, minimises the output error on the
+    calibration activations. Singular values are split as √Σ like :func:`plain_svd`.
     """
-    root, inv_root = whitening(gram, floor)
     w = weight.detach().to(torch.float64)
-    left, sigma, right_h = torch.linalg.svd(w @ root, full_matrices=False)
+    left, sigma, right_h = torch.linalg.svd(whitening.whiten(w), full_matrices=False)
     scale = sigma[:rank].sqrt()
     v = left[:, :rank] * scale  # (out, r)
-    u = (scale[:, None] * right_h[:rank]) @ inv_root  # (r, in)
+    u = whitening.unwhiten(scale[:, None] * right_h[:rank])  # (r, in)
     return Factors(u=u.float(), v=v.float())
 
 

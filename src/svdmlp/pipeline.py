@@ -112,7 +112,7 @@ def _compress_layer(
     config: CompressConfig,
     grams: calibrate.LayerGrams | None,
 ) -> LayerRecord:
-    factors, records = {}, []
+    factors, records, whitenings = {}, [], {}
     for name in config.targets:
         linear = swap.dense_projection(model, spec, index, name)
         weight = linear.weight
@@ -121,7 +121,9 @@ def _compress_layer(
         if gram is None:
             factors[name] = decompose.plain_svd(weight, rank)
         else:
-            factors[name] = decompose.whitened_svd(weight, gram, rank)
+            if id(gram) not in whitenings:  # gate and up share one input, so one eigendecomposition
+                whitenings[id(gram)] = decompose.Whitening.from_gram(gram)
+            factors[name] = decompose.whitened_svd(weight, whitenings[id(gram)], rank)
         error = decompose.weighted_relative_error(weight, factors[name], gram)
         keep = decompose.kept_fraction(linear.in_features, linear.out_features, rank)
         records.append(ProjectionRecord(name, linear.in_features, linear.out_features, rank, keep, error))
