@@ -65,9 +65,8 @@ def compress(args) -> int:
     print(layer_table(report))
     print()
     print(summary_line(report))
-    print(
-        f"compress wall time {time.perf_counter() - started:.1f} s (factorisation {report.seconds:.1f} s); saved {path}"
-    )
+    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in report.timings.items())
+    print(f"compress wall time {time.perf_counter() - started:.1f} s ({phases}); saved {path}")
     return 0
 
 

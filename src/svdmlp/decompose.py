@@ -77,9 +77,9 @@ def plain_svd(weight: torch.Tensor, rank: int) -> Factors:
 class Whitening:
     """The symmetric square root ``S = Q·diag(r)·Qᵀ`` of a Gram matrix ``XᵀX``, kept factored.
 
-    ``r = √λ`` with the eigenvalues ``λ`` floored at ``floor·λ_max``. Kept as ``(Q, r)`` rather than
-    as ``S`` and ``S⁻¹``: applying it costs two thin products instead of forming two dense inverses,
-    and one eigendecomposition serves every projection that reads the same input (gate and up).
+    ``r = √λ`` with the eigenvalues ``λ`` floored at ``floor·λ_max``. Kept as ``(Q, r)``: the
+    factorisation works in ``Q``'s basis and never forms ``S`` or ``S⁻¹``, and one eigendecomposition
+    serves every projection that reads the same input (gate and up).
     """
 
     basis: torch.Tensor  # Q (in, in), float64
@@ -90,34 +90,38 @@ class Whitening:
         g = gram.detach().to(torch.float64)
         g = (g + g.T) / 2
         if not torch.isfinite(g).all():
-            raise ValueError("calibration Gram matrix has NaN or inf entries: the model's activations overflowed")
+            raise ValueError(
+                "calibration Gram matrix has NaN or inf entries: the model's activations overflowed"
+            )
         eigenvalues, basis = torch.linalg.eigh(g)
         top = eigenvalues.max()
         if top <= 0:
             raise ValueError("calibration Gram matrix is zero: no activations reached this projection")
         return cls(basis=basis, root=eigenvalues.clamp(min=floor * top).sqrt())
 
-    def whiten(self, m: torch.Tensor) -> torch.Tensor:
-        """``M·S`` for ``M (rows, in)``."""
-        return ((m @ self.basis) * self.root) @ self.basis.T
-
-    def unwhiten(self, m: torch.Tensor) -> torch.Tensor:
-        """``M·S⁻¹`` for ``M (rows, in)``."""
-        return ((m @ self.basis) / self.root) @ self.basis.T
+    def matrix(self) -> torch.Tensor:
+        """``S`` itself (for tests and diagnostics; the factorisation never forms it)."""
+        return (self.basis * self.root) @ self.basis.T
 
 
 def whitened_svd(weight: torch.Tensor, whitening: Whitening, rank: int) -> Factors:
     """Activation-aware SVD: the rank-``rank`` factors minimising ``‖(W − V·U)·Xᵀ‖_F``.
 
-    ``‖(W − W')·Xᵀ‖_F = ‖(W − W')·S‖_F`` with ``S`` the root of ``XᵀX``, so the best rank-r
-    approximation of ``W·S`` (by SVD), mapped back by ``S⁻¹``, minimises the output error on the
-    calibration activations. Singular values are split as √Σ like :func:`plain_svd`.
+    ``‖(W − W')·Xᵀ‖_F = ‖(W − W')·S‖_F`` with ``S = Q·diag(r)·Qᵀ`` the root of ``XᵀX``, so the best
+    rank-r approximation of ``W·S``, mapped back by ``S⁻¹``, minimises the output error on the
+    calibration activations. ``Qᵀ`` is orthogonal, so the SVD of ``A = W·Q·diag(r)`` gives that of
+    ``W·S = A·Qᵀ`` (right singular vectors rotated by ``Qᵀ``), and ``S⁻¹ = Q·diag(1/r)·Qᵀ`` folds
+    into one thin product: two (in × in) GEMMs fewer than forming ``W·S`` and ``S⁻¹``.
+    Singular values are split as √Σ like :func:`plain_svd`.
     """
     w = weight.detach().to(torch.float64)
-    left, sigma, right_h = torch.linalg.svd(whitening.whiten(w), full_matrices=False)
+    rotated = (w @ whitening.basis) * whitening.root  # A = W·Q·diag(r): (out, in)
+    # Float64 throughout: dividing by small roots below amplifies any SVD rounding (a float32 SVD
+    # perturbed full-rank reconstructions by 1e-2 relative in low-activation directions).
+    left, sigma, right_h = torch.linalg.svd(rotated, full_matrices=False)
     scale = sigma[:rank].sqrt()
     v = left[:, :rank] * scale  # (out, r)
-    u = whitening.unwhiten(scale[:, None] * right_h[:rank])  # (r, in)
+    u = ((scale[:, None] * right_h[:rank]) / whitening.root) @ whitening.basis.T  # (r, in)
     return Factors(u=u.float(), v=v.float())
 
 

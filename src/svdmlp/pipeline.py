@@ -75,6 +75,7 @@ def compress(
             decompose.rank_for_keep(linear.in_features, linear.out_features, config.keep, config.align)
 
     grams, calibration = {}, {}
+    calibrated = time.perf_counter()
     if config.needs_calibration and to_compress:
         text = (
             calibration_text if calibration_text is not None else corpora.read_text(config.calibration.source)
@@ -85,6 +86,7 @@ def compress(
         grams = calibrate.collect_grams(model, spec, windows, to_compress, progress=progress)
 
     grams_used = bool(grams)
+    factorising = time.perf_counter()
     records = []
     for index in range(len(layers)):
         name = mlp_names[index]
@@ -95,11 +97,13 @@ def compress(
         else:
             records.append(_compress_layer(model, spec, index, config, grams.get(index)))
             grams.pop(index, None)  # free each layer's Grams as soon as it is done
+    done = time.perf_counter()
     return CompressionReport(
         layers=records,
         params_before=before,
         params_after=count_parameters(model, mlp_names),
-        seconds=time.perf_counter() - started,
+        seconds=done - started,
+        timings={"calibration": factorising - calibrated, "factorisation": done - factorising},
         calibration=calibration,
         error_metric="activation-weighted" if grams_used else "weight-frobenius",
     )

@@ -46,6 +46,8 @@ class CompressionReport:
     # "activation-weighted" (‖(W − VU)Xᵀ‖/‖WXᵀ‖ on the calibration data) or, without calibration,
     # "weight-frobenius" (‖W − VU‖/‖W‖).
     error_metric: str = "activation-weighted"
+    # Wall seconds per phase ("calibration", "factorisation"); ``seconds`` is their total plus checks.
+    timings: dict = field(default_factory=dict)
 
     @property
     def achieved_keep(self) -> float:
@@ -72,6 +74,7 @@ class CompressionReport:
             seconds=data["seconds"],
             calibration=data.get("calibration", {}),
             error_metric=data.get("error_metric", "activation-weighted"),
+            timings=data.get("timings", {}),
         )
 
 
