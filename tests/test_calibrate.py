@@ -65,3 +65,9 @@ def test_grams_equal_the_inputs_the_projections_see(model_type, index):
     before = grams[index].gate_up.clone()
     assert model(input_ids=windows[:1]).logits.shape == (1, 16, 320)  # the stop hook is gone too
     assert torch.equal(before, grams[index].gate_up)
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 4])
+def test_symmetric_gram_equals_the_full_product(blocks):
+    x = torch.randn(37, 22, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(calibrate.symmetric_gram(x, blocks), x.T @ x)
