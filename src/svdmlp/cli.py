@@ -121,8 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the top-p probability mass")
+    p.add_argument("--seed", type=int, default=0, help="seeds sampling (default 0)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument(
+        "--engine",
+        choices=("fast", "hf"),
+        default="fast",
+        help="fast: static cache, CUDA-graph decoding, streamed (default); hf: Hugging Face generate",
+    )
     _add_runtime_options(p)
     p.set_defaults(func="generate")
 

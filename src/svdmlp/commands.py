@@ -10,6 +10,8 @@ import torch
 
 from svdmlp import checkpoint, corpora, models, pipeline
 from svdmlp.config import CalibrationSpec, CompressConfig
+from svdmlp.engine import Engine, Sampling
+from svdmlp.engine.stream import TextStream
 from svdmlp.evaluate import datasets, perplexity
 from svdmlp.report import CompressionReport, count_parameters
 from svdmlp.tables import format_table
@@ -200,33 +202,65 @@ def eval_table(rows: list[dict], text_names: list[str]) -> str:
 
 
 def generate(args) -> int:
+    """Continue one prompt, streaming tokens as they come (``--engine hf``: Hugging Face ``generate``)."""
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     model, tokenizer, _ = _load_target(args.target, args)
-    device = next(model.parameters()).device
-    if args.chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template; drop --chat")
-        messages = [{"role": "user", "content": args.prompt}]
-        encoded = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
+    prompt = _prompt_ids(tokenizer, args)
+    stream = TextStream(tokenizer, lambda text: print(text, end="", flush=True))
+    if args.engine == "hf":
+        stream.push(_hf_generate(model, prompt, sampling, args.max_new_tokens, tokenizer.eos_token_id))
     else:
-        encoded = tokenizer(args.prompt, return_tensors="pt")
-    encoded = {k: v.to(device) for k, v in encoded.items()}
-    torch.manual_seed(args.seed)
-    sampling = (
-        {"do_sample": True, "temperature": args.temperature} if args.temperature > 0 else {"do_sample": False}
-    )
+        engine = Engine(model, max_batch=1)
+        engine.generate(
+            [prompt],
+            args.max_new_tokens,
+            sampling,
+            stop_tokens=_stop_tokens(model, tokenizer),
+            on_tokens=lambda new: stream.push(new[0]),
+        )
+    stream.close()
+    print()
+    return 0
+
+
+def _prompt_ids(tokenizer, args) -> list[int]:
+    if not args.chat:
+        return tokenizer(args.prompt)["input_ids"]
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template; drop --chat")
+    messages = [{"role": "user", "content": args.prompt}]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    return list(encoded["input_ids"])
+
+
+def _stop_tokens(model, tokenizer) -> set[int]:
+    """The tokenizer's end-of-sequence id and every one the model's generation config names."""
+    configured = model.generation_config.eos_token_id
+    ids = set(configured if isinstance(configured, list) else [configured])
+    ids.add(tokenizer.eos_token_id)
+    return {i for i in ids if i is not None}
+
+
+def _hf_generate(model, prompt: list[int], sampling: Sampling, max_new_tokens: int, pad_id) -> list[int]:
+    """Plain ``model.generate`` (dynamic cache, no graphs): the reference path."""
+    device = next(model.parameters()).device
+    torch.manual_seed(sampling.seed)
+    options = {"do_sample": False}
+    if not sampling.greedy:
+        options = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p}
+        options["top_k"] = sampling.top_k or 0  # 0: no top-k (the generation config may default to 50)
     with torch.no_grad():
         output = model.generate(
-            **encoded, max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id, **sampling
+            torch.tensor([prompt], device=device),
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_id,
+            **options,
         )
-    prompt_len = encoded["input_ids"].shape[1]
-    print(tokenizer.decode(output[0, prompt_len:], skip_special_tokens=True))
-    return 0
+    return output[0, len(prompt) :].tolist()
 
 
 def info(args) -> int:
