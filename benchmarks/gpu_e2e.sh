@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-shot GPU check of end-to-end generation for a short H200 lease: versions, the GPU-only engine
+# tests (graph replays equal eager decoding), then the e2e benchmark: a Llama-3.2-1B-shaped model
+# with random bf16 weights (plus MODEL if given), dense vs keep {0.8, 0.6}, batch {1, 16},
+# 128-token prompts, 128 new tokens, prefill tokens/s and decode ms/step against the
+# weight-streaming floor, and Hugging Face generate at batch 1 as the baseline.
+#
+#   OUT=/some/dir bash benchmarks/gpu_e2e.sh [MODEL]      # run from the repository root
+#
+# Everything lands under $OUT: env.txt, gpu_tests.txt, e2e.txt, e2e.json, e2e.png.
+# Sized for one 8-minute command: tests are cut at $TEST_TIMEOUT s (default 90), the benchmark at
+# $BENCH_TIMEOUT s (default 330; it takes about 2-3 minutes on an H200 without MODEL).
+# The machine has no network: nothing is downloaded; svdmlp runs from this checkout.
+set -uo pipefail
+
+OUT=${OUT:-bench-out}
+TEST_TIMEOUT=${TEST_TIMEOUT:-90}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-330}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    git rev-parse HEAD 2>/dev/null || echo "not a git checkout"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+    "$PYTHON" -c 'import platform, torch, transformers; print("python", platform.python_version(), "| torch", torch.__version__, "| transformers", transformers.__version__, "| cuda", torch.version.cuda)'
+} 2>&1 | tee "$OUT/env.txt"
+
+echo "== GPU tests: pytest -m gpu tests/engine (cut at ${TEST_TIMEOUT}s)"
+timeout "$TEST_TIMEOUT" "$PYTHON" -m pytest -m gpu tests/engine -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -n 30
+echo "pytest exit status: ${PIPESTATUS[0]}"
+
+echo "== bench e2e (cut at ${BENCH_TIMEOUT}s)"
+timeout "$BENCH_TIMEOUT" "$PYTHON" -m svdmlp.bench e2e ${1:+"$1"} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" 2>&1 \
+    | tee "$OUT/e2e.txt"
+status=${PIPESTATUS[0]}
+echo "bench exit status: $status (124 = cut by the timeout)"
+exit "$status"

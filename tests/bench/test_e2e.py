@@ -1,0 +1,62 @@
+"""``bench e2e`` on a tiny local model: every row present, the JSON and PNG written, bad input refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_model
+from svdmlp.bench import e2e
+from svdmlp.cli import main
+
+
+def test_e2e_writes_table_json_and_plot(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out_json, out_png = tmp_path / "e2e.json", tmp_path / "e2e.png"
+    argv = ["bench", "e2e", str(model_dir), "--keep", "0.6", "--batch", "1,3", "--align", "8"]
+    argv += ["--prompt-len", "8", "--new-tokens", "4", "--repeats", "1"]
+    assert main([*argv, "--json", str(out_json), "--plot", str(out_png)]) == 0
+    out = capsys.readouterr().out
+    assert "decode ms/step" in out and "keep 0.6 batch 1: decode" in out
+    report = json.loads(out_json.read_text())
+    assert report["schema"] == "svdmlp-bench-e2e/1"
+    rows = {(row["variant"], row["batch"]): row for row in report["rows"]}
+    assert set(rows) == {("dense", 1), ("dense", 3), ("keep 0.6", 1), ("keep 0.6", 3)}
+    assert rows[("keep 0.6", 1)]["weight_bytes"] < rows[("dense", 1)]["weight_bytes"]
+    assert rows[("dense", 1)]["speedup_vs_dense"] == 1.0
+    assert "hf_decode_s_per_step" in rows[("dense", 1)] and "hf_decode_s_per_step" not in rows[("dense", 3)]
+    assert out_png.stat().st_size > 0
+
+
+def test_random_lowrank_has_the_ranks_keep_gives():
+    model = tiny_model("gemma2")
+    ranks = e2e.install_random_lowrank(model, keep=0.5, align=8, backend="torch")
+    # hidden 64, inter 96: r = round(0.5·64·96 / (160·8))·8 = 16 for every projection
+    assert ranks == {"gate": 16, "up": 16, "down": 16}
+    assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
+
+
+def test_streamed_bytes_skip_an_untied_input_embedding():
+    tied, untied = (
+        tiny_model("llama", tie_word_embeddings=True),
+        tiny_model("llama", tie_word_embeddings=False),
+    )
+    total = sum(p.numel() * 4 for p in untied.parameters())
+    assert e2e.streamed_bytes(untied) == total - untied.get_input_embeddings().weight.numel() * 4
+    assert e2e.streamed_bytes(tied) == sum(p.numel() * 4 for p in tied.parameters())
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--keep", "1.5"], "keep values must be in (0, 1]"),
+        (["--batch", "1,65"], "batch sizes must be in [1, 64]"),
+        (["--keep", "a,b"], "--keep expects a comma-separated list"),
+        (["--new-tokens", "1"], "new_tokens must be >= 2"),
+    ],
+)
+def test_bad_flags_are_errors(model_dir, capsys, flags, message):
+    assert main(["bench", "e2e", str(model_dir), "--device", "cpu", *flags]) == 2
+    assert message in capsys.readouterr().err
