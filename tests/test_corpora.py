@@ -85,7 +85,7 @@ def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError) as error:
         corpora.read_text(str(path))
     assert str(error.value) == (
-        f"text file {path} does not exist (built-in sources: shakespeare, shakespeare-heldout)"
+        f"text file {path} does not exist (built-in sources: shakespeare, shakespeare-heldout, gsm8k)"
     )
 
 

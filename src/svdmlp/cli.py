@@ -36,6 +36,22 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_task_options(parser: argparse.ArgumentParser) -> None:
+    """lm-eval zero-shot tasks (``eval`` and ``sweep``)."""
+    parser.add_argument(
+        "--tasks",
+        type=_csv(str),
+        default=(),
+        metavar="NAME[,NAME]",
+        help="lm-eval tasks, e.g. arc_easy,hellaswag; 'paper' = the paper's six, 'paper+' adds boolq,mathqa",
+    )
+    parser.add_argument(
+        "--include-path", default=None, metavar="DIR", help="folder of extra lm-eval task YAMLs (local tasks)"
+    )
+    parser.add_argument("--limit", type=int, default=None, help="score only the first N documents per task")
+    parser.add_argument("--seed", type=int, default=0, help="lm-eval's seeds (default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="svdmlp",
@@ -82,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_options(p)
     p.set_defaults(func="compress")
 
-    p = commands.add_parser("eval", help="perplexity of a checkpoint (and its dense base) or of a model")
+    p = commands.add_parser(
+        "eval", help="perplexity and zero-shot accuracy of a checkpoint (and its dense base) or of a model"
+    )
     p.add_argument(
         "target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)"
     )
@@ -90,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--text",
         action="append",
         default=None,
-        help="text file, or 'shakespeare-heldout' (repeatable; default: shakespeare-heldout)",
+        help="text file, 'shakespeare-heldout' or 'gsm8k' (repeatable; default: shakespeare-heldout "
+        "unless only --dataset or --tasks are given)",
     )
     p.add_argument(
         "--dataset", action="append", default=[], help="wikitext2, ptb or c4 through `datasets` (repeatable)"
@@ -109,8 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-windows", type=int, default=None, help="score only the first N windows of each text"
     )
     p.add_argument("--batch-size", type=int, default=1)
+    add_task_options(p)
     p.add_argument("--no-baseline", action="store_true", help="skip the dense base model of a checkpoint")
     p.add_argument("--json", action="store_true", help="end the output with one JSON line")
+    p.add_argument("--output", default=None, metavar="FILE", help="also write the JSON result to FILE")
     _add_runtime_options(p)
     p.set_defaults(func="evaluate")
 

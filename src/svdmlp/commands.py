@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import time
+from pathlib import Path
 
 import torch
 
@@ -12,7 +13,7 @@ from svdmlp import checkpoint, corpora, models, pipeline
 from svdmlp.config import CalibrationSpec, CompressConfig
 from svdmlp.engine import Engine, Sampling
 from svdmlp.engine.stream import TextStream
-from svdmlp.evaluate import datasets, perplexity
+from svdmlp.evaluate import datasets, harness, suite
 from svdmlp.report import CompressionReport, count_parameters
 from svdmlp.tables import format_table
 
@@ -101,7 +102,7 @@ def summary_line(report: CompressionReport) -> str:
 
 
 def _texts(args) -> list[tuple[str, str]]:
-    sources = args.text or (["shakespeare-heldout"] if not args.dataset else [])
+    sources = args.text or (["shakespeare-heldout"] if not args.dataset and not args.tasks else [])
     texts = [(source, corpora.read_text(source)) for source in sources]
     files = {}
     for item in args.data_files:
@@ -116,29 +117,37 @@ def _texts(args) -> list[tuple[str, str]]:
     return texts
 
 
-def _score(model, tokenizer, texts, args, label: str) -> dict[str, float]:
-    results = {}
-    for name, text in texts:
-        windows = perplexity.text_windows(tokenizer, text, args.seq_len, args.max_windows)
-        result = perplexity.perplexity(model, windows, args.batch_size, desc=f"{label}: {name}")
-        results[name] = result.perplexity
-    return results
+def _eval_settings(args) -> suite.EvalSettings:
+    if args.include_path is not None and not Path(args.include_path).is_dir():
+        raise FileNotFoundError(f"--include-path {args.include_path} is not a directory")
+    return suite.EvalSettings(
+        seq_len=args.seq_len,
+        max_windows=args.max_windows,
+        batch_size=args.batch_size,
+        tasks=args.tasks,
+        include_path=args.include_path,
+        limit=args.limit,
+        seed=args.seed,
+    )
 
 
 def evaluate(args) -> int:
+    settings = _eval_settings(args)
     texts = _texts(args)
     model, tokenizer, metadata = _load_target(args.target, args)
     device, dtype = _runtime(args)
     rows = []
+    calibration = {}
     if metadata is None:
         counts = count_parameters(model, [])
         rows.append(
             {"model": args.target or models.DEFAULT_MODEL, "kind": "dense", "params": counts["total"]}
         )
-        rows[-1]["perplexity"] = _score(model, tokenizer, texts, args, "dense")
+        rows[-1].update(suite.score(model, tokenizer, texts, settings, "dense"))
     else:
         report = CompressionReport.from_dict(metadata["report"])
         config = metadata["config"]
+        calibration = report.calibration
         label = f"{config['method']} keep {config['keep']}"
         rows.append(
             {
@@ -148,7 +157,7 @@ def evaluate(args) -> int:
                 "mlp_params": report.params_after["mlp"],
                 "achieved_keep": report.achieved_keep,
                 "compress_seconds": report.seconds,
-                "perplexity": _score(model, tokenizer, texts, args, "compressed"),
+                **suite.score(model, tokenizer, texts, settings, "compressed"),
             }
         )
         if not args.no_baseline:
@@ -161,44 +170,59 @@ def evaluate(args) -> int:
                 "params": report.params_before["total"],
             }
             dense.update(mlp_params=report.params_before["mlp"], achieved_keep=1.0)
-            dense["perplexity"] = _score(base, tokenizer, texts, args, "dense")
+            dense.update(suite.score(base, tokenizer, texts, settings, "dense"))
             rows.insert(0, dense)
-    protocol = (
-        f"token-level perplexity: non-overlapping {args.seq_len}-token windows"
-        f"{f' (first {args.max_windows})' if args.max_windows else ''}, no BOS, "
-        f"{str(dtype).removeprefix('torch.')} on {device}"
-    )
-    print(protocol)
-    print(eval_table(rows, [name for name, _ in texts]))
+    record = suite.provenance(settings, dtype, device)
+    print(record["protocol"])
+    print(eval_table(rows, [name for name, _ in texts], list(settings.tasks)))
+    failed = suite.failures(rows)
+    for line in failed:
+        print(line)
+    summary = {**record, "rows": rows, "calibration": calibration, "failed": failed}
+    if texts:
+        summary.update(perplexity=rows[-1]["perplexity"][texts[0][0]], text=texts[0][0])
+    if args.output:
+        Path(args.output).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     if args.json:
-        target = rows[-1]
-        first = texts[0][0]
-        summary = {
-            "protocol": protocol,
-            "rows": rows,
-            "perplexity": target["perplexity"][first],
-            "text": first,
-        }
         print(json.dumps(summary, sort_keys=True))
-    return 0
+    return 1 if failed else 0
 
 
-def eval_table(rows: list[dict], text_names: list[str]) -> str:
+def eval_table(rows: list[dict], text_names: list[str], task_names: list[str] = ()) -> str:
+    """One row per model: parameters, perplexity per text, acc and acc_norm per task, then deltas."""
     headers = ["model", "params", "MLP params", "MLP keep", "compress s"] + [f"PPL {n}" for n in text_names]
+    headers += [f"{task} {metric}" for task in task_names for metric in harness.METRICS]
     body = []
     for row in rows:
         cells = [row["kind"], row["params"], row.get("mlp_params", ""), row.get("achieved_keep", "")]
         seconds = row.get("compress_seconds")
         cells.append("" if seconds is None else round(seconds, 1))
         cells += [row["perplexity"][name] for name in text_names]
+        cells += [_accuracy(row, task, metric) for task in task_names for metric in harness.METRICS]
         body.append(cells)
     table = format_table(headers, body)
-    if len(rows) == 2:
+    if len(rows) == 2 and text_names:
         ratios = ", ".join(
             f"{n} x{rows[1]['perplexity'][n] / rows[0]['perplexity'][n]:.2f}" for n in text_names
         )
         table += f"\ncompressed / dense perplexity: {ratios}"
+    if len(rows) == 2 and task_names:
+        deltas = [
+            f"{task} {metric} {after - before:+.4f}"
+            for task in task_names
+            for metric in harness.METRICS
+            if isinstance(before := _accuracy(rows[0], task, metric), float)
+            and isinstance(after := _accuracy(rows[1], task, metric), float)
+        ]
+        table += f"\ncompressed - dense accuracy: {', '.join(deltas) or 'none (tasks failed)'}"
     return table
+
+
+def _accuracy(row: dict, task: str, metric: str) -> float | str:
+    result = row["tasks"][task]
+    if result["error"]:
+        return "failed"
+    return result["metrics"].get(metric, "-")
 
 
 def generate(args) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -42,12 +43,69 @@ def _check_weights(model: nn.Module, spec: arch.ArchSpec, index: int, config: Co
     return reason
 
 
+@dataclass(frozen=True)
+class Calibration:
+    """The activation Grams of the layers to compress and the hash of the tokens that made them.
+
+    They depend on the model, the calibration text and seed, not on keep: a sweep over keep collects
+    them once with :func:`collect_calibration` and passes them to every :func:`compress` (the
+    forward passes are most of a whitened compression's time).
+    """
+
+    grams: dict[int, calibrate.LayerGrams]
+    tokens: int
+    sha256: str
+    seconds: float
+
+    @property
+    def info(self) -> dict:
+        """What the compression report records about the calibration."""
+        return {"tokens": self.tokens, "sha256": self.sha256}
+
+
+def _layers_to_compress(model: nn.Module, spec: arch.ArchSpec, config: CompressConfig):
+    """(selected layer indices, skip reason per selected index, indices to compress)."""
+    selected = _check_layers(config, len(arch.decoder_layers(model, spec)))
+    skip = {i: _check_weights(model, spec, i, config) for i in selected}
+    return selected, skip, [i for i in selected if not skip[i]]
+
+
+def collect_calibration(
+    model: nn.Module,
+    tokenizer,
+    config: CompressConfig,
+    calibration_text: str | None = None,
+    progress: bool = True,
+) -> Calibration:
+    """Collect the Grams :func:`compress` needs for ``config`` (any keep) from the dense ``model``."""
+    spec = arch_of(model)
+    return _calibrate(
+        model,
+        tokenizer,
+        config,
+        spec,
+        _layers_to_compress(model, spec, config)[2],
+        calibration_text,
+        progress,
+    )
+
+
+def _calibrate(model, tokenizer, config, spec, indices, calibration_text, progress) -> Calibration:
+    started = time.perf_counter()
+    text = calibration_text if calibration_text is not None else corpora.read_text(config.calibration.source)
+    spec_c = config.calibration
+    windows = calibrate.token_windows(tokenizer, text, spec_c.num_samples, spec_c.seq_len, config.seed)
+    grams = calibrate.collect_grams(model, spec, windows, indices, progress=progress)
+    return Calibration(grams, windows.numel(), calibrate.tokens_hash(windows), time.perf_counter() - started)
+
+
 def compress(
     model: nn.Module,
     tokenizer,
     config: CompressConfig,
     calibration_text: str | None = None,
     progress: bool = True,
+    calibration: Calibration | None = None,
 ) -> CompressionReport:
     """Factorise the MLPs of ``model`` in place as ``config`` says and report what was done.
 
@@ -56,6 +114,8 @@ def compress(
         tokenizer: its tokenizer (for the calibration text).
         config: keep, align, method, calibration and targets.
         calibration_text: overrides ``config.calibration.source`` when given.
+        calibration: Grams from :func:`collect_calibration` on the same dense model and config
+            (keep aside); when given, no calibration forward pass runs here.
 
     Returns:
         A report with every decoder layer (compressed or skipped with the reason), ranks, achieved
@@ -64,26 +124,24 @@ def compress(
     started = time.perf_counter()
     spec = arch_of(model)
     layers = arch.decoder_layers(model, spec)
-    selected = _check_layers(config, len(layers))
+    selected, skip, to_compress = _layers_to_compress(model, spec, config)
     mlp_names = [swap.mlp_name(spec, i) for i in range(len(layers))]
     before = count_parameters(model, mlp_names)
-    skip = {i: _check_weights(model, spec, i, config) for i in selected}
-    to_compress = [i for i in selected if not skip[i]]
     for index in to_compress:  # fail on an impossible rank before any expensive work
         for name in config.targets:
             linear = swap.dense_projection(model, spec, index, name)
             decompose.rank_for_keep(linear.in_features, linear.out_features, config.keep, config.align)
 
-    grams, calibration = {}, {}
+    grams, calibration_info = {}, {}
     calibrated = time.perf_counter()
     if config.needs_calibration and to_compress:
-        text = (
-            calibration_text if calibration_text is not None else corpora.read_text(config.calibration.source)
-        )
-        spec_c = config.calibration
-        windows = calibrate.token_windows(tokenizer, text, spec_c.num_samples, spec_c.seq_len, config.seed)
-        calibration = {"tokens": windows.numel(), "sha256": calibrate.tokens_hash(windows)}
-        grams = calibrate.collect_grams(model, spec, windows, to_compress, progress=progress)
+        if calibration is None:
+            calibration = _calibrate(model, tokenizer, config, spec, to_compress, calibration_text, progress)
+        missing = sorted(set(to_compress) - set(calibration.grams))
+        if missing:
+            raise ValueError(f"the calibration given has no Grams for layers {missing}")
+        grams = {i: calibration.grams[i] for i in to_compress}  # popped below; the caller's dict stays
+        calibration_info = calibration.info
 
     grams_used = bool(grams)
     factorising = time.perf_counter()
@@ -104,7 +162,7 @@ def compress(
         params_after=count_parameters(model, mlp_names),
         seconds=done - started,
         timings={"calibration": factorising - calibrated, "factorisation": done - factorising},
-        calibration=calibration,
+        calibration=calibration_info,
         error_metric="activation-weighted" if grams_used else "weight-frobenius",
     )
 
