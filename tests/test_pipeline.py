@@ -112,3 +112,20 @@ def test_empty_calibration_text_is_an_error(tokenizer):
     with pytest.raises(ValueError, match="calibration text is empty"):
         pipeline.compress(model, tokenizer, config, calibration_text="", progress=False)
     assert _untouched(model)
+
+
+@pytest.mark.parametrize("method", ["whiten", "svd"])
+def test_budget_allocation_meets_the_budget_and_beats_uniform_errors(tokenizer, method):
+    uniform = _compress(tiny_model("qwen3"), tokenizer, method=method, keep=0.5)
+    params = uniform.params_after["mlp"]
+    keep = params / uniform.params_before["mlp"]  # the same parameter count as the uniform ranks
+    allocated = _compress(tiny_model("qwen3"), tokenizer, method=method, keep=keep, allocation="budget")
+    assert allocated.params_after["mlp"] <= params
+    assert params - allocated.params_after["mlp"] < 8 * 160  # within one block of align 8
+    for layer in allocated.layers:
+        assert all(p.rank % 8 == 0 for p in layer.projections)
+
+    def squared(report):
+        return sum(p.error**2 for layer in report.layers for p in layer.projections)
+
+    assert squared(allocated) <= squared(uniform) + 1e-9

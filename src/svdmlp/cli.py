@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--layers", type=_csv(int), default=None, help="decoder layer indices (default: all)")
     p.add_argument(
+        "--allocate",
+        action="store_true",
+        help="allocate ranks across all matrices from their spectra under the --keep budget (default: uniform)",
+    )
+    p.add_argument(
         "--save-dtype",
         choices=DTYPES,
         default="bfloat16",

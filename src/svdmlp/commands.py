@@ -53,6 +53,7 @@ def compress(args) -> int:
         seed=args.seed,
         targets=args.targets,
         layers=args.layers,
+        allocation="budget" if args.allocate else "uniform",
     )
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
     device, dtype = _runtime(args)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 FORMAT_VERSION = 1
 METHODS = ("whiten", "svd")
+ALLOCATIONS = ("uniform", "budget")
 PROJECTIONS = ("gate", "up", "down")
 
 
@@ -43,6 +44,9 @@ class CompressConfig:
         seed: seeds the choice of calibration windows.
         targets: which projections of each MLP to factorise.
         layers: indices of decoder layers to compress; ``None`` means all of them.
+        allocation: ``"uniform"`` (every matrix at the rank rule's rank for ``keep``) or
+            ``"budget"`` (ranks allocated across all matrices from their spectra so that together
+            they keep ``keep`` of the parameters; see :mod:`svdmlp.ranks`).
     """
 
     keep: float = 0.8
@@ -52,6 +56,7 @@ class CompressConfig:
     seed: int = 0
     targets: tuple[str, ...] = PROJECTIONS
     layers: tuple[int, ...] | None = None
+    allocation: str = "uniform"
 
     def __post_init__(self) -> None:
         if isinstance(self.keep, bool) or not isinstance(self.keep, (int, float)):
@@ -62,6 +67,8 @@ class CompressConfig:
             raise ValueError(f"align must be an integer >= 1, got {self.align!r}")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; expected one of {METHODS}")
+        if self.allocation not in ALLOCATIONS:
+            raise ValueError(f"unknown allocation {self.allocation!r}; expected one of {ALLOCATIONS}")
         targets = tuple(self.targets)
         unknown = sorted(set(targets) - set(PROJECTIONS))
         if unknown or not targets or len(set(targets)) != len(targets):

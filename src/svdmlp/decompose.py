@@ -104,6 +104,20 @@ class Whitening:
         return (self.basis * self.root) @ self.basis.T
 
 
+def _rotated(weight: torch.Tensor, whitening: Whitening | None) -> torch.Tensor:
+    """``W·Q·diag(r)`` in float64: ``W·S`` up to an orthogonal rotation (``W`` itself without whitening)."""
+    w = weight.detach().to(torch.float64)
+    return w if whitening is None else (w @ whitening.basis) * whitening.root
+
+
+def energy_spectrum(weight: torch.Tensor, whitening: Whitening | None) -> torch.Tensor:
+    """Squared singular values of ``W·S`` (of ``W`` without whitening), descending, float64.
+
+    The truncation error of rank r, activation-weighted when whitened, is the sum of the tail.
+    """
+    return torch.linalg.svdvals(_rotated(weight, whitening)).square()
+
+
 def whitened_svd(weight: torch.Tensor, whitening: Whitening, rank: int) -> Factors:
     """Activation-aware SVD: the rank-``rank`` factors minimising ``‖(W − V·U)·Xᵀ‖_F``.
 
@@ -114,8 +128,7 @@ def whitened_svd(weight: torch.Tensor, whitening: Whitening, rank: int) -> Facto
     into one thin product: two (in × in) GEMMs fewer than forming ``W·S`` and ``S⁻¹``.
     Singular values are split as √Σ like :func:`plain_svd`.
     """
-    w = weight.detach().to(torch.float64)
-    rotated = (w @ whitening.basis) * whitening.root  # A = W·Q·diag(r): (out, in)
+    rotated = _rotated(weight, whitening)  # A = W·Q·diag(r): (out, in)
     # Float64 throughout: dividing by small roots below amplifies any SVD rounding (a float32 SVD
     # perturbed full-rank reconstructions by 1e-2 relative in low-activation directions).
     left, sigma, right_h = torch.linalg.svd(rotated, full_matrices=False)

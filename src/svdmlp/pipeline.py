@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from svdmlp import arch, calibrate, corpora, decompose, swap
+from svdmlp import arch, calibrate, corpora, decompose, ranks, swap
 from svdmlp.config import CompressConfig
 from svdmlp.report import CompressionReport, LayerRecord, ProjectionRecord, count_parameters
 
@@ -145,6 +145,7 @@ def compress(
 
     grams_used = bool(grams)
     factorising = time.perf_counter()
+    planned = _plan_ranks(model, spec, config, to_compress, grams)
     records = []
     for index in range(len(layers)):
         name = mlp_names[index]
@@ -153,7 +154,7 @@ def compress(
         elif skip[index]:
             records.append(LayerRecord(index, name, "skipped", skip[index]))
         else:
-            records.append(_compress_layer(model, spec, index, config, grams.get(index)))
+            records.append(_compress_layer(model, spec, index, planned[index], grams.get(index)))
             grams.pop(index, None)  # free each layer's Grams as soon as it is done
     done = time.perf_counter()
     return CompressionReport(
@@ -167,29 +168,71 @@ def compress(
     )
 
 
+def _plan_ranks(
+    model: nn.Module,
+    spec: arch.ArchSpec,
+    config: CompressConfig,
+    indices: list[int],
+    grams: dict[int, calibrate.LayerGrams],
+) -> dict[int, dict[str, int]]:
+    """Each layer's projection ranks: the rank rule, or a global allocation from the spectra."""
+    shapes = {
+        (i, name): swap.dense_projection(model, spec, i, name) for i in indices for name in config.targets
+    }
+    if config.allocation == "uniform":
+        flat = {
+            key: decompose.rank_for_keep(linear.in_features, linear.out_features, config.keep, config.align)
+            for key, linear in shapes.items()
+        }
+    else:
+        spectra = []
+        for index in indices:
+            whitenings = {}
+            for name in config.targets:
+                linear = shapes[index, name]
+                whitening = _whitening(grams.get(index), name, whitenings)
+                energy = decompose.energy_spectrum(linear.weight, whitening)
+                spectra.append(
+                    ranks.Spectrum(f"{index}.{name}", linear.in_features, linear.out_features, energy)
+                )
+        allocated = ranks.allocate_ranks(spectra, config.keep, config.align)
+        flat = {(i, name): allocated[f"{i}.{name}"] for i, name in shapes}
+    planned: dict[int, dict[str, int]] = {i: {} for i in indices}
+    for (index, name), rank in flat.items():
+        planned[index][name] = rank
+    return planned
+
+
+def _whitening(grams: calibrate.LayerGrams | None, name: str, cache: dict) -> decompose.Whitening | None:
+    """The whitening of projection ``name``'s input; gate and up share one (one eigendecomposition)."""
+    if grams is None:
+        return None
+    gram = grams.down if name == "down" else grams.gate_up
+    if id(gram) not in cache:
+        cache[id(gram)] = decompose.Whitening.from_gram(gram)
+    return cache[id(gram)]
+
+
 def _compress_layer(
     model: nn.Module,
     spec: arch.ArchSpec,
     index: int,
-    config: CompressConfig,
+    ranks_by_name: dict[str, int],
     grams: calibrate.LayerGrams | None,
 ) -> LayerRecord:
     factors, records, whitenings = {}, [], {}
-    for name in config.targets:
+    for name, rank in ranks_by_name.items():
         linear = swap.dense_projection(model, spec, index, name)
         weight = linear.weight
-        rank = decompose.rank_for_keep(linear.in_features, linear.out_features, config.keep, config.align)
-        gram = None if grams is None else (grams.down if name == "down" else grams.gate_up)
-        if gram is None:
+        whitening = _whitening(grams, name, whitenings)
+        if whitening is None:
             factors[name] = decompose.plain_svd(weight, rank)
         else:
-            if id(gram) not in whitenings:  # gate and up share one input, so one eigendecomposition
-                whitenings[id(gram)] = decompose.Whitening.from_gram(gram)
-            factors[name] = decompose.whitened_svd(weight, whitenings[id(gram)], rank)
+            factors[name] = decompose.whitened_svd(weight, whitening, rank)
+        gram = None if grams is None else (grams.down if name == "down" else grams.gate_up)
         error = decompose.weighted_relative_error(weight, factors[name], gram)
         keep = decompose.kept_fraction(linear.in_features, linear.out_features, rank)
         records.append(ProjectionRecord(name, linear.in_features, linear.out_features, rank, keep, error))
-    dense = swap.dense_projection(model, spec, index, config.targets[0])
-    ranks = {r.name: r.rank for r in records}
-    swap.install_lowrank(model, spec, index, ranks, dense.weight.dtype, dense.weight.device, factors)
+    dense = swap.dense_projection(model, spec, index, next(iter(ranks_by_name)))
+    swap.install_lowrank(model, spec, index, ranks_by_name, dense.weight.dtype, dense.weight.device, factors)
     return LayerRecord(index, swap.mlp_name(spec, index), "compressed", projections=tuple(records))
