@@ -120,7 +120,12 @@ def add_e2e_parser(benchmarks: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--repeats", type=int, default=None, help="timed runs per row (default 5 CUDA, 3 CPU)"
     )
-    parser.add_argument("--align", type=int, default=128, help="rank alignment (default 128)")
+    parser.add_argument(
+        "--align",
+        type=int,
+        default=None,
+        help="rank alignment (default 128 on CUDA: tensor-core tiles; 32 on CPU)",
+    )
     parser.add_argument("--backend", choices=("auto", "torch", "triton"), default="auto")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     parser.add_argument(
@@ -169,7 +174,7 @@ def run_e2e(args: argparse.Namespace) -> int:
         new_tokens=_default(args.new_tokens, 128 if cuda else 16),
         repeats=_default(args.repeats, 5 if cuda else 3),
         dtype=torch.bfloat16 if cuda else torch.float32,
-        align=args.align,
+        align=_default(args.align, 128 if cuda else 32),
         backend=args.backend,
         hf_baseline=not args.no_hf,
     )

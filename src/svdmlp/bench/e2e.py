@@ -139,62 +139,128 @@ def _wall(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def hf_decode_seconds(model, prompt: list[int], new_tokens: int, repeats: int) -> float:
-    """Hugging Face ``generate``'s time per decode step at batch 1: (T(n tokens) − T(1)) / (n − 1)."""
+def hf_generate_seconds(model, prompt: list[int], new_tokens: int) -> float:
+    """Wall seconds of one Hugging Face ``generate`` call at batch 1 making exactly ``new_tokens``."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], device=device)
-
-    def run(n: int) -> float:
-        options = {"max_new_tokens": n, "min_new_tokens": n, "do_sample": False, "pad_token_id": 0}
-        with torch.no_grad():
-            return _wall(lambda: model.generate(ids, **options), device)
-
-    run(2)  # warm-up
-    full = statistics.median(run(new_tokens) for _ in range(repeats))
-    one = statistics.median(run(1) for _ in range(repeats))
-    return max(full - one, 0.0) / (new_tokens - 1)
+    options = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False}
+    with torch.no_grad():
+        return _wall(lambda: model.generate(ids, pad_token_id=0, **options), device)
 
 
-def measure_variant(model, config: E2EConfig, bandwidth: float, log: Callable[[str], None]) -> list[dict]:
-    """Prefill and decode timings of one model variant at every batch size, and its floor."""
-    engine = Engine(
-        model,
-        max_batch=max(config.batches),
-        max_seq_len=config.prompt_len + config.new_tokens,
-        sync_every=config.new_tokens,  # no host sync inside the timed decode
-    )
-    vocab = engine.vocab
+@dataclass
+class Variant:
+    """One model variant under test: dense (keep None) or random low-rank MLPs at ``keep``."""
+
+    name: str
+    model: torch.nn.Module
+    keep: float | None
+    ranks: dict[str, int] | None
+    engine: Engine
+
+
+def measure_batch(variants: list[Variant], batch: int, config: E2EConfig, prompts: list[list[int]]) -> dict:
+    """Median prefill and decode-step seconds of every variant at one batch size.
+
+    The variants take turns within each repeat, so load from other processes (a shared CPU) or
+    clock changes hit them alike instead of biasing whichever ran during the noisy moment.
+    """
+    for variant in variants:
+        variant.engine.generate(prompts, config.new_tokens)  # warm-up; captures the graph on CUDA
+    results = {v.name: [] for v in variants}
+    for _ in range(config.repeats):
+        for variant in variants:
+            results[variant.name].append(variant.engine.generate(prompts, config.new_tokens))
+    return {
+        name: {
+            "prefill_s": statistics.median(r.prefill_s for r in runs),
+            "decode_s_per_step": statistics.median(r.decode_s_per_step for r in runs),
+            "graph": runs[0].graph,
+            "note": runs[0].note,
+        }
+        for name, runs in results.items()
+    }
+
+
+def measure_hf(variants: list[Variant], config: E2EConfig, prompt: list[int]) -> dict[str, float]:
+    """Hugging Face ``generate``'s seconds per decode step at batch 1, (T(n) − T(1)) / (n − 1),
+    the variants taking turns as in :func:`measure_batch`."""
+    for variant in variants:
+        hf_generate_seconds(variant.model, prompt, 2)  # warm-up
+    full = {v.name: [] for v in variants}
+    one = {v.name: [] for v in variants}
+    for _ in range(config.repeats):
+        for variant in variants:
+            full[variant.name].append(hf_generate_seconds(variant.model, prompt, config.new_tokens))
+            one[variant.name].append(hf_generate_seconds(variant.model, prompt, 1))
+    return {
+        name: max(statistics.median(full[name]) - statistics.median(one[name]), 0.0) / (config.new_tokens - 1)
+        for name in full
+    }
+
+
+def build_variants(name: str | None, config: E2EConfig, log: Callable[[str], None]) -> list[Variant]:
+    """The dense model and one copy per keep with random low-rank MLPs, each with its engine."""
+    variants = []
+    for keep in (None, *config.keeps):
+        model = build_model(name, config.device, config.dtype)
+        ranks = None if keep is None else install_random_lowrank(model, keep, config.align, config.backend)
+        variant = "dense" if keep is None else f"keep {keep:g}"
+        log(f"{name or models.DEFAULT_MODEL} {variant}" + ("" if ranks is None else f": ranks {ranks}"))
+        engine = Engine(
+            model,
+            max_batch=max(config.batches),
+            max_seq_len=config.prompt_len + config.new_tokens,
+            sync_every=config.new_tokens,  # no host sync inside the timed decode
+        )
+        variants.append(Variant(variant, model, keep, ranks, engine))
+    return variants
+
+
+def measure_model(
+    name: str | None, config: E2EConfig, bandwidth: float, log: Callable[[str], None]
+) -> list[dict]:
+    """Rows of one model: every variant at every batch size, with floors and speedups over dense."""
+    variants = build_variants(name, config, log)
     generator = torch.Generator().manual_seed(0)
-    weight_bytes = streamed_bytes(model)
+    vocab = variants[0].engine.vocab
+    hf = {}
+    if config.hf_baseline and 1 in config.batches:
+        prompt = torch.randint(1, vocab, (config.prompt_len,), generator=generator).tolist()
+        hf = measure_hf(variants, config, prompt)
     rows = []
     for batch in config.batches:
         prompts = torch.randint(1, vocab, (batch, config.prompt_len), generator=generator).tolist()
-        engine.generate(prompts, config.new_tokens)  # warm-up; captures the decode graph on CUDA
-        results = [engine.generate(prompts, config.new_tokens) for _ in range(config.repeats)]
-        prefill_s = statistics.median(r.prefill_s for r in results)
-        step_s = statistics.median(r.decode_s_per_step for r in results)
-        floor_s = weight_bytes / bandwidth
-        rows.append(
-            {
+        measured = measure_batch(variants, batch, config, prompts)
+        dense_s, dense_bytes = measured["dense"]["decode_s_per_step"], streamed_bytes(variants[0].model)
+        for variant in variants:
+            m, weight_bytes = measured[variant.name], streamed_bytes(variant.model)
+            step_s, floor_s = m["decode_s_per_step"], weight_bytes / bandwidth
+            row = {
+                "model": name or models.DEFAULT_MODEL,
+                "variant": variant.name,
+                "keep": variant.keep,
+                "ranks": variant.ranks,
                 "batch": batch,
-                "prefill_s": prefill_s,
-                "prefill_tokens_per_s": batch * config.prompt_len / prefill_s,
+                "prefill_s": m["prefill_s"],
+                "prefill_tokens_per_s": batch * config.prompt_len / m["prefill_s"],
                 "decode_s_per_step": step_s,
                 "decode_tokens_per_s": batch / step_s,
                 "weight_bytes": weight_bytes,
                 "floor_s": floor_s,
                 "pct_of_floor": 100 * floor_s / step_s,
-                "graph": results[0].graph,
-                "note": results[0].note,
+                "speedup_vs_dense": dense_s / step_s,
+                "ideal_speedup": dense_bytes / weight_bytes,
+                "graph": m["graph"],
+                "note": m["note"],
             }
-        )
-        log(f"  batch {batch}: prefill {prefill_s * 1e3:.1f} ms, decode {step_s * 1e3:.2f} ms/step")
-    if config.hf_baseline and 1 in config.batches:
-        prompt = torch.randint(1, vocab, (config.prompt_len,), generator=generator).tolist()
-        hf_s = hf_decode_seconds(model, prompt, config.new_tokens, config.repeats)
-        row = next(r for r in rows if r["batch"] == 1)
-        row["hf_decode_s_per_step"] = hf_s
-        log(f"  Hugging Face generate, batch 1: {hf_s * 1e3:.2f} ms/step")
+            if batch == 1 and variant.name in hf:
+                row["hf_decode_s_per_step"] = hf[variant.name]
+                row["engine_vs_hf"] = hf[variant.name] / step_s
+            rows.append(row)
+            log(
+                f"  {variant.name} batch {batch}: prefill {m['prefill_s'] * 1e3:.1f} ms, decode {step_s * 1e3:.2f} ms/step"
+            )
     return rows
 
 
@@ -206,28 +272,9 @@ def run(config: E2EConfig, log: Callable[[str], None]) -> dict:
     start = time.perf_counter()
     rows = []
     for name in config.models:
-        label = name or models.DEFAULT_MODEL
-        dense = None
-        for keep in (None, *config.keeps):
-            model = build_model(name, config.device, config.dtype)
-            ranks = (
-                None if keep is None else install_random_lowrank(model, keep, config.align, config.backend)
-            )
-            variant = "dense" if keep is None else f"keep {keep:g}"
-            log(f"{label} {variant}" + ("" if ranks is None else f" (ranks gate/up/down {ranks})"))
-            measured = measure_variant(model, config, ceilings.bandwidth, log)
-            del model
-            if config.device.type == "cuda":
-                torch.cuda.empty_cache()
-            dense = dense or {r["batch"]: r for r in measured}
-            for row in measured:
-                base = dense[row["batch"]]
-                row.update(model=label, variant=variant, keep=keep, ranks=ranks)
-                row["speedup_vs_dense"] = base["decode_s_per_step"] / row["decode_s_per_step"]
-                row["ideal_speedup"] = base["weight_bytes"] / row["weight_bytes"]
-                if "hf_decode_s_per_step" in row:
-                    row["engine_vs_hf"] = row["hf_decode_s_per_step"] / row["decode_s_per_step"]
-            rows += measured
+        rows += measure_model(name, config, ceilings.bandwidth, log)
+        if config.device.type == "cuda":
+            torch.cuda.empty_cache()
     return {
         "config": config.to_dict(),
         "ceilings": ceilings.to_dict(),
