@@ -9,6 +9,7 @@ from importlib import import_module
 from svdmlp import __version__
 from svdmlp.bench.cli import add_bench_parser
 from svdmlp.plan.cli import add_plan_parser
+from svdmlp.sweep.cli import add_sweep_parser
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(commands)
     add_bench_parser(commands)
+    add_sweep_parser(commands, add_task_options, _add_runtime_options)
     return parser
 
 

@@ -1,0 +1,104 @@
+"""``svdmlp sweep``: argparse wiring; the main CLI adds it with one call and lends its shared options."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from svdmlp.config import CalibrationSpec, CompressConfig
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def add_sweep_parser(subparsers, add_task_options, add_runtime_options) -> None:
+    """Add ``sweep [MODEL] --keep LIST --method LIST --out DIR`` (with eval's text and task options)."""
+    p = subparsers.add_parser(
+        "sweep",
+        help="compress at several keeps and methods, evaluate each, write a Markdown report with plots",
+        description="Resumable: each finished point is OUT/points/NAME.json; a rerun skips it.",
+    )
+    p.add_argument("model", nargs="?", default=None, help="model directory or hub id (default: built-in)")
+    p.add_argument("--keep", type=_floats, default=(0.95, 0.9, 0.8, 0.7, 0.6), help="target keeps")
+    p.add_argument("--method", type=_names, default=("whiten", "svd"), help="whiten, svd or both")
+    p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
+    p.add_argument(
+        "--text",
+        action="append",
+        default=None,
+        help="evaluation text: file, 'shakespeare-heldout' or 'gsm8k' (repeatable; default: both)",
+    )
+    p.add_argument("--seq-len", type=int, default=2048, help="perplexity window (default 2048)")
+    p.add_argument("--max-windows", type=int, default=None, help="first N windows of each text")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
+    p.add_argument("--calib", default="shakespeare", help="calibration text (default: built-in plays)")
+    p.add_argument("--calib-samples", type=int, default=32)
+    p.add_argument("--calib-seq-len", type=int, default=512)
+    add_task_options(p)
+    add_runtime_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from svdmlp import commands, corpora
+    from svdmlp.evaluate import suite
+    from svdmlp.sweep import report, runner
+
+    points = runner.plan(args.keep, args.method)
+    settings = suite.EvalSettings(
+        seq_len=args.seq_len,
+        max_windows=args.max_windows,
+        batch_size=args.batch_size,
+        tasks=args.tasks,
+        include_path=args.include_path,
+        limit=args.limit,
+        seed=args.seed,
+    )
+    base = CompressConfig(
+        align=args.align,
+        calibration=CalibrationSpec(args.calib, args.calib_samples, args.calib_seq_len),
+        seed=args.seed,
+    )
+    sources = args.text or ["shakespeare-heldout", "gsm8k"]
+    texts = [(source, corpora.read_text(source)) for source in sources]
+    device, dtype = commands._runtime(args)
+    commands._quiet_transformers()
+    print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
+    records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
+    path = report.write_report(args.out, records, command_line(args, sources))
+    failed = suite.failures([{**r, "kind": r["point"]} for r in records])
+    for line in failed:
+        print(line)
+    print(f"report: {path}")
+    return 1 if failed else 0
+
+
+def command_line(args, sources: list[str]) -> str:
+    """The command that reproduces this sweep, every setting spelled out (for the report's head)."""
+    words = ["svdmlp", "sweep", *([args.model] if args.model else [])]
+    words += ["--keep", ",".join(f"{k:g}" for k in args.keep), "--method", ",".join(args.method)]
+    for source in sources:
+        words += ["--text", source]
+    words += ["--seq-len", str(args.seq_len)]
+    if args.max_windows:
+        words += ["--max-windows", str(args.max_windows)]
+    words += ["--align", str(args.align), "--calib", args.calib]
+    words += ["--calib-samples", str(args.calib_samples), "--calib-seq-len", str(args.calib_seq_len)]
+    if args.tasks:
+        words += ["--tasks", ",".join(args.tasks)]
+        if args.include_path:
+            words += ["--include-path", args.include_path]
+        if args.limit:
+            words += ["--limit", str(args.limit)]
+    words += ["--seed", str(args.seed), "--out", str(args.out)]
+    return shlex.join(words)

@@ -1,0 +1,124 @@
+"""Run a sweep: the dense model, then every (method, keep), each scored and saved as it finishes.
+
+Each finished point is one JSON file in ``OUT/points/``, written atomically, so an interrupted sweep
+resumes where it stopped and a finished one only rebuilds its report. A point file also records the
+sweep's settings; resuming with other settings is an error rather than a silently mixed report.
+The calibration Grams depend on the model, text and seed but not on keep, so they are collected once
+(the first whitened point that still has to run) and shared by every keep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from svdmlp import models, pipeline
+from svdmlp.config import CompressConfig
+from svdmlp.evaluate import suite
+
+
+@dataclass(frozen=True)
+class Point:
+    """One model of the sweep: ``dense``, or a method at a target keep."""
+
+    method: str
+    keep: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return "dense" if self.method == "dense" else f"{self.method}-keep{self.keep:g}"
+
+
+def plan(keeps: tuple[float, ...], methods: tuple[str, ...]) -> list[Point]:
+    """The dense reference first, then each method over the keeps in the order given."""
+    if not keeps or not methods:
+        raise ValueError(f"a sweep needs at least one keep and one method, got {keeps} and {methods}")
+    for keep in keeps:
+        replace(CompressConfig(), keep=keep)  # the config's own checks name a bad keep
+    for method in methods:
+        replace(CompressConfig(), method=method)
+    return [Point("dense")] + [Point(m, k) for m in dict.fromkeys(methods) for k in dict.fromkeys(keeps)]
+
+
+def run_sweep(
+    model_name: str | None,
+    points: list[Point],
+    texts: list[tuple[str, str]],
+    settings: suite.EvalSettings,
+    base: CompressConfig,
+    out: Path,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    log=print,
+) -> list[dict]:
+    """Compress and score every point not already in ``out/points``; return all points' records."""
+    identity = {
+        "model": model_name or models.DEFAULT_MODEL,
+        "texts": [name for name, _ in texts],
+        "settings": settings.to_dict(),
+        "compress": {k: v for k, v in base.to_dict().items() if k not in ("keep", "method")},
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+    folder = out / "points"
+    folder.mkdir(parents=True, exist_ok=True)
+    calibration = None
+    records, started, ran = [], time.perf_counter(), 0
+    for number, point in enumerate(points, 1):
+        path = folder / f"{point.name}.json"
+        if path.is_file():
+            record = json.loads(path.read_text())
+            _check_same_sweep(path, record["sweep"], identity)
+            log(f"[{number}/{len(points)}] {point.name}: finished earlier, skipped")
+            records.append(record)
+            continue
+        point_started = time.perf_counter()
+        model, tokenizer, _ = models.load_dense(model_name, dtype=dtype, device=device)
+        record = {"sweep": identity, "point": point.name, "method": point.method, "target_keep": point.keep}
+        if point.method == "dense":
+            record.update(achieved_keep=1.0, compress_seconds=0.0, calibration={})
+        else:
+            config = replace(base, keep=point.keep, method=point.method)
+            if config.needs_calibration and calibration is None:
+                log(f"[{number}/{len(points)}] collecting calibration Grams once for every keep")
+                calibration = pipeline.collect_calibration(model, tokenizer, config)
+            report = pipeline.compress(model, tokenizer, config, calibration=calibration)
+            record.update(
+                achieved_keep=report.achieved_keep,
+                compress_seconds=report.seconds,
+                timings=report.timings,
+                calibration=report.calibration,
+                params=report.params_after,
+            )
+        record.update(suite.score(model, tokenizer, texts, settings, point.name))
+        record["seconds"] = time.perf_counter() - point_started
+        _write_atomic(path, record)
+        records.append(record)
+        ran += 1
+        elapsed = time.perf_counter() - started
+        left = (len(points) - number) * elapsed / ran
+        ppl = ", ".join(f"{name} {value:.4g}" for name, value in record["perplexity"].items())
+        log(
+            f"[{number}/{len(points)}] {point.name}: keep {record['achieved_keep']:.4f}, PPL {ppl} "
+            f"({record['seconds']:.0f} s; about {left / 60:.0f} min left)"
+        )
+    return records
+
+
+def _check_same_sweep(path: Path, found: dict, expected: dict) -> None:
+    for key in expected:
+        if found.get(key) != expected[key]:
+            raise ValueError(
+                f"{path} was made with other {key} ({found.get(key)!r}, now {expected[key]!r}): "
+                "use another --out, or delete that file to recompute it"
+            )
+
+
+def _write_atomic(path: Path, record: dict) -> None:
+    staging = path.with_suffix(".json.tmp")
+    staging.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    os.replace(staging, path)

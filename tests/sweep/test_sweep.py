@@ -1,0 +1,93 @@
+"""``svdmlp sweep`` on a tiny model: every point saved, Grams collected once, a rerun skips all."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import SAMPLE_TEXT, tiny_model
+from svdmlp import pipeline
+from svdmlp.cli import main
+from svdmlp.evaluate import harness, tasks
+
+RECORDS = [
+    {"question": "the quick fox", "choices": ["jumps over", "sleeps"], "label": 0},
+    {"question": "the lazy dog", "choices": ["walks", "sings over the far hill"], "label": 1},
+]
+POINTS = ["dense", "whiten-keep0.8", "whiten-keep0.5", "svd-keep0.8", "svd-keep0.5"]
+
+
+@pytest.fixture
+def setup(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_dir = tmp_path / "tiny-llama"
+    tiny_model("llama").save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    text = tmp_path / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    argv = ["sweep", model_dir, "--keep", "0.8,0.5", "--method", "whiten,svd", "--text", text]
+    argv += ["--seq-len", "32", "--max-windows", "2", "--align", "8", "--calib", text]
+    argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--out", tmp_path / "out"]
+    return [str(a) for a in argv], tmp_path / "out"
+
+
+def count_calls(monkeypatch, name: str) -> list:
+    calls, real = [], getattr(pipeline, name)
+    monkeypatch.setattr(pipeline, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, capsys):
+    argv, out = setup
+    calibrations = count_calls(monkeypatch, "collect_calibration")
+    assert main(argv) == 0
+    assert len(calibrations) == 1  # one Gram collection shared by both whitened keeps
+    assert sorted(p.stem for p in (out / "points").iterdir()) == sorted(POINTS)
+    records = {p: json.loads((out / "points" / f"{p}.json").read_text()) for p in POINTS}
+    assert records["dense"]["achieved_keep"] == 1.0
+    assert records["whiten-keep0.5"]["achieved_keep"] < records["whiten-keep0.8"]["achieved_keep"] < 1
+    assert records["whiten-keep0.8"]["calibration"] == records["whiten-keep0.5"]["calibration"]
+    assert records["svd-keep0.8"]["calibration"] == {}
+    report = (out / "report.md").read_text()
+    assert (
+        report.splitlines()[5].startswith("svdmlp sweep ") and "--keep 0.8,0.5 --method whiten,svd" in report
+    )
+    assert all(f"| {p} |" in report for p in POINTS)
+    assert (out / "ppl-text.png").stat().st_size > 0
+    first_report = report
+
+    compresses = count_calls(monkeypatch, "compress")
+    assert main(argv) == 0
+    assert compresses == [] and len(calibrations) == 1
+    assert capsys.readouterr().out.count("finished earlier, skipped") == len(POINTS)
+    assert (out / "report.md").read_text() == first_report
+
+
+def test_resume_refuses_other_settings(setup, capsys):
+    argv, out = setup
+    assert main(argv[:4] + argv[6:] + ["--method", "svd"]) == 0  # dense and svd points only
+    capsys.readouterr()
+    changed = [a if a != "2" else "1" for a in argv]  # --max-windows 1
+    assert main(changed) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"svdmlp sweep: error: {out / 'points' / 'dense.json'} was made with other settings"
+    )
+
+
+def test_sweep_with_a_task_plots_accuracy_and_reports_failures(setup, tmp_path, monkeypatch, capsys):
+    argv, out = setup
+    local = harness._task_manager.__wrapped__  # lm-eval's own 15 s index is not needed here
+    monkeypatch.setattr(harness, "_task_manager", lambda factory, path, defaults: local(factory, path, False))
+    pytest.importorskip("lm_eval")
+    tasks.write_multiple_choice_task(tmp_path / "tasks", "tiny_mc", RECORDS)
+    argv = argv[:4] + argv[6:] + ["--method", "whiten", "--keep", "0.5"]
+    argv += ["--tasks", "tiny_mc,nope_mc", "--include-path", str(tmp_path / "tasks")]
+    assert main(argv) == 1
+    assert "task nope_mc failed on dense: unknown task 'nope_mc'" in capsys.readouterr().out
+    report = (out / "report.md").read_text()
+    assert (out / "acc-tiny-mc.png").is_file() and "## Failed tasks" in report
+    record = json.loads((out / "points" / "whiten-keep0.5.json").read_text())
+    assert set(record["tasks"]["tiny_mc"]["metrics"]) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}
