@@ -55,6 +55,14 @@ class LayerGrams:
     down: torch.Tensor
     tokens: int = 0
 
+    @classmethod
+    def zeros(cls, hidden: int, inter: int, device) -> LayerGrams:
+        """Empty accumulators for an MLP of width ``hidden`` and intermediate size ``inter``."""
+        return cls(
+            gate_up=torch.zeros(hidden, hidden, dtype=torch.float64, device=device),
+            down=torch.zeros(inter, inter, dtype=torch.float64, device=device),
+        )
+
 
 class _LastLayerDone(Exception):
     """Raised by a hook once the last calibrated MLP has run: the rest of the forward is wasted work."""
@@ -79,7 +87,8 @@ def symmetric_gram(x: torch.Tensor, blocks: int = GRAM_BLOCKS) -> torch.Tensor:
     return gram
 
 
-def _accumulate(target: torch.Tensor, x: torch.Tensor) -> None:
+def accumulate_gram(target: torch.Tensor, x: torch.Tensor) -> None:
+    """Add ``xᵀx`` of a batch of activations ``x (..., d)`` into the float64 accumulator ``target (d, d)``."""
     flat = x.detach().reshape(-1, x.shape[-1]).float()
     # One batch's XᵀX in fp32 (fast GEMM, error ~1e-6 relative), accumulated across batches in fp64.
     target += symmetric_gram(flat).to(torch.float64)
@@ -103,18 +112,15 @@ def collect_grams(
         mlp = getattr(layers[index], spec.mlp)
         gate = getattr(mlp, spec.gate)
         down = getattr(mlp, spec.down)
-        entry = LayerGrams(
-            gate_up=torch.zeros(gate.in_features, gate.in_features, dtype=torch.float64, device=device),
-            down=torch.zeros(down.in_features, down.in_features, dtype=torch.float64, device=device),
-        )
+        entry = LayerGrams.zeros(gate.in_features, down.in_features, device)
         grams[index] = entry
 
         def on_mlp_input(module, args, entry=entry):
-            _accumulate(entry.gate_up, args[0])
+            accumulate_gram(entry.gate_up, args[0])
             entry.tokens += args[0].numel() // args[0].shape[-1]
 
         def on_down_input(module, args, entry=entry):
-            _accumulate(entry.down, args[0])
+            accumulate_gram(entry.down, args[0])
 
         handles.append(mlp.register_forward_pre_hook(on_mlp_input))
         handles.append(down.register_forward_pre_hook(on_down_input))

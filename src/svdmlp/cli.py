@@ -8,6 +8,7 @@ from importlib import import_module
 
 from svdmlp import __version__
 from svdmlp.bench.cli import add_bench_parser
+from svdmlp.config import HEALS
 from svdmlp.plan.cli import add_plan_parser
 from svdmlp.sweep.cli import add_sweep_parser
 
@@ -92,6 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--allocate",
         action="store_true",
         help="allocate ranks across all matrices from their spectra under the --keep budget (default: uniform)",
+    )
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="calibrate each layer on the outputs of the already-compressed layers before it",
+    )
+    p.add_argument(
+        "--heal",
+        choices=HEALS,
+        default="none",
+        help="closed-form: refit each matrix's V by least squares towards the dense outputs (default none)",
     )
     p.add_argument(
         "--save-dtype",

@@ -54,6 +54,8 @@ def compress(args) -> int:
         targets=args.targets,
         layers=args.layers,
         allocation="budget" if args.allocate else "uniform",
+        sequential=args.sequential,
+        heal=args.heal,
     )
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
     device, dtype = _runtime(args)
@@ -69,6 +71,9 @@ def compress(args) -> int:
     print(layer_table(report))
     print()
     print(summary_line(report))
+    healing = heal_line(report)
+    if healing:
+        print(healing)
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in report.timings.items())
     print(f"compress wall time {time.perf_counter() - started:.1f} s ({phases}); saved {path}")
     return 0
@@ -92,6 +97,20 @@ def layer_table(report: CompressionReport) -> str:
         )
     names = "/".join(p.name for p in next((la.projections for la in report.layers if la.projections), ()))
     return format_table(["layer", "status", f"rank {names}", "keep", f"error ({report.error_metric})"], rows)
+
+
+def heal_line(report: CompressionReport) -> str:
+    """Mean error against the dense outputs before and after healing ("" when nothing was healed)."""
+    pairs = [
+        (p.heal_error_before, p.heal_error_after)
+        for layer in report.layers
+        for p in layer.projections
+        if p.heal_error_before is not None
+    ]
+    if not pairs:
+        return ""
+    before, after = (sum(values) / len(pairs) for values in zip(*pairs, strict=True))
+    return f"healing: mean error against the dense outputs {before:.4f} -> {after:.4f} over {len(pairs)} matrices"
 
 
 def summary_line(report: CompressionReport) -> str:

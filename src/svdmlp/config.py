@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 FORMAT_VERSION = 1
 METHODS = ("whiten", "svd")
 ALLOCATIONS = ("uniform", "budget")
+HEALS = ("none", "closed-form")
 PROJECTIONS = ("gate", "up", "down")
 
 
@@ -47,6 +48,11 @@ class CompressConfig:
         allocation: ``"uniform"`` (every matrix at the rank rule's rank for ``keep``) or
             ``"budget"`` (ranks allocated across all matrices from their spectra so that together
             they keep ``keep`` of the parameters; see :mod:`svdmlp.ranks`).
+        sequential: calibrate each layer on the outputs of the already-compressed layers before
+            it, so that it compensates their error (see :mod:`svdmlp.sequential`); otherwise every
+            layer is calibrated on the dense model's activations.
+        heal: ``"none"`` or ``"closed-form"`` (refit each matrix's V by least squares so the
+            compressed model reproduces the dense outputs; see :mod:`svdmlp.heal`).
     """
 
     keep: float = 0.8
@@ -57,6 +63,8 @@ class CompressConfig:
     targets: tuple[str, ...] = PROJECTIONS
     layers: tuple[int, ...] | None = None
     allocation: str = "uniform"
+    sequential: bool = False
+    heal: str = "none"
 
     def __post_init__(self) -> None:
         if isinstance(self.keep, bool) or not isinstance(self.keep, (int, float)):
@@ -69,6 +77,16 @@ class CompressConfig:
             raise ValueError(f"unknown method {self.method!r}; expected one of {METHODS}")
         if self.allocation not in ALLOCATIONS:
             raise ValueError(f"unknown allocation {self.allocation!r}; expected one of {ALLOCATIONS}")
+        if not isinstance(self.sequential, bool):
+            raise ValueError(f"sequential must be true or false, got {self.sequential!r}")
+        if self.heal not in HEALS:
+            raise ValueError(f"unknown heal {self.heal!r}; expected one of {HEALS}")
+        if self.method != "whiten" and (self.sequential or self.heal != "none"):
+            # Both act on calibration activations, which plain SVD never collects.
+            raise ValueError(
+                f"sequential and heal need method 'whiten', got method {self.method!r} "
+                f"with sequential={self.sequential}, heal={self.heal!r}"
+            )
         targets = tuple(self.targets)
         unknown = sorted(set(targets) - set(PROJECTIONS))
         if unknown or not targets or len(set(targets)) != len(targets):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from svdmlp import arch, calibrate, corpora, decompose, ranks, swap
+from svdmlp import arch, calibrate, corpora, decompose, heal, ranks, sequential, swap
 from svdmlp.config import CompressConfig
 from svdmlp.report import CompressionReport, LayerRecord, ProjectionRecord, count_parameters
 
@@ -90,11 +90,16 @@ def collect_calibration(
     )
 
 
-def _calibrate(model, tokenizer, config, spec, indices, calibration_text, progress) -> Calibration:
-    started = time.perf_counter()
+def _windows(tokenizer, config: CompressConfig, calibration_text: str | None) -> torch.Tensor:
+    """The calibration token windows ``(num_samples, seq_len)`` that ``config`` asks for."""
     text = calibration_text if calibration_text is not None else corpora.read_text(config.calibration.source)
     spec_c = config.calibration
-    windows = calibrate.token_windows(tokenizer, text, spec_c.num_samples, spec_c.seq_len, config.seed)
+    return calibrate.token_windows(tokenizer, text, spec_c.num_samples, spec_c.seq_len, config.seed)
+
+
+def _calibrate(model, tokenizer, config, spec, indices, calibration_text, progress) -> Calibration:
+    started = time.perf_counter()
+    windows = _windows(tokenizer, config, calibration_text)
     grams = calibrate.collect_grams(model, spec, windows, indices, progress=progress)
     return Calibration(grams, windows.numel(), calibrate.tokens_hash(windows), time.perf_counter() - started)
 
@@ -115,7 +120,8 @@ def compress(
         config: keep, align, method, calibration and targets.
         calibration_text: overrides ``config.calibration.source`` when given.
         calibration: Grams from :func:`collect_calibration` on the same dense model and config
-            (keep aside); when given, no calibration forward pass runs here.
+            (keep aside); when given, no calibration forward pass runs here. In sequential mode
+            the dense Grams only serve budget allocation: each layer is calibrated as it comes.
 
     Returns:
         A report with every decoder layer (compressed or skipped with the reason), ranks, achieved
@@ -134,7 +140,8 @@ def compress(
 
     grams, calibration_info = {}, {}
     calibrated = time.perf_counter()
-    if config.needs_calibration and to_compress:
+    dense_grams_needed = not config.sequential or config.allocation == "budget"
+    if config.needs_calibration and to_compress and dense_grams_needed:
         if calibration is None:
             calibration = _calibrate(model, tokenizer, config, spec, to_compress, calibration_text, progress)
         missing = sorted(set(to_compress) - set(calibration.grams))
@@ -143,9 +150,15 @@ def compress(
         grams = {i: calibration.grams[i] for i in to_compress}  # popped below; the caller's dict stays
         calibration_info = calibration.info
 
-    grams_used = bool(grams)
+    grams_used = bool(grams) or (config.sequential and bool(to_compress))
     factorising = time.perf_counter()
     planned = _plan_ranks(model, spec, config, to_compress, grams)
+    done_by_index, sequential_calibration = {}, 0.0
+    if config.sequential and to_compress:
+        grams.clear()  # only the ranks came from the dense Grams
+        done_by_index, calibration_info, sequential_calibration = _compress_sequential(
+            model, tokenizer, config, spec, planned, calibration_text, progress
+        )
     records = []
     for index in range(len(layers)):
         name = mlp_names[index]
@@ -153,19 +166,49 @@ def compress(
             records.append(LayerRecord(index, name, "skipped", "not selected by config.layers"))
         elif skip[index]:
             records.append(LayerRecord(index, name, "skipped", skip[index]))
+        elif index in done_by_index:
+            records.append(done_by_index[index])
         else:
-            records.append(_compress_layer(model, spec, index, planned[index], grams.get(index)))
-            grams.pop(index, None)  # free each layer's Grams as soon as it is done
+            layer_grams = grams.pop(index, None)  # free each layer's Grams as soon as it is done
+            targets = heal.Targets.one_shot(layer_grams) if config.heal != "none" and layer_grams else None
+            records.append(_compress_layer(model, spec, index, planned[index], layer_grams, targets))
     done = time.perf_counter()
     return CompressionReport(
         layers=records,
         params_before=before,
         params_after=count_parameters(model, mlp_names),
         seconds=done - started,
-        timings={"calibration": factorising - calibrated, "factorisation": done - factorising},
+        timings={
+            "calibration": factorising - calibrated + sequential_calibration,
+            "factorisation": done - factorising - sequential_calibration,
+        },
         calibration=calibration_info,
         error_metric="activation-weighted" if grams_used else "weight-frobenius",
     )
+
+
+def _compress_sequential(model, tokenizer, config, spec, planned, calibration_text, progress):
+    """Compress the planned layers in order, each calibrated on the compressed layers' outputs.
+
+    Returns (layer records by index, calibration info, seconds spent calibrating, i.e. outside
+    the factorisation of each layer).
+    """
+    started = time.perf_counter()
+    windows = _windows(tokenizer, config, calibration_text)
+    factorising = 0.0
+
+    def compress_layer(index, grams, targets):
+        nonlocal factorising
+        begun = time.perf_counter()
+        record = _compress_layer(model, spec, index, planned[index], grams, targets)
+        factorising += time.perf_counter() - begun
+        return record
+
+    records = sequential.compress_layers(
+        model, spec, windows, sorted(planned), compress_layer, paired=config.heal != "none", progress=progress
+    )
+    info = {"tokens": windows.numel(), "sha256": calibrate.tokens_hash(windows), "sequential": True}
+    return records, info, time.perf_counter() - started - factorising
 
 
 def _plan_ranks(
@@ -207,10 +250,15 @@ def _whitening(grams: calibrate.LayerGrams | None, name: str, cache: dict) -> de
     """The whitening of projection ``name``'s input; gate and up share one (one eigendecomposition)."""
     if grams is None:
         return None
-    gram = grams.down if name == "down" else grams.gate_up
+    gram = _input_gram(grams, name)
     if id(gram) not in cache:
         cache[id(gram)] = decompose.Whitening.from_gram(gram)
     return cache[id(gram)]
+
+
+def _input_gram(grams: calibrate.LayerGrams, name: str) -> torch.Tensor:
+    """The Gram of projection ``name``'s input: gate and up read the MLP's input, down its own."""
+    return grams.down if name == "down" else grams.gate_up
 
 
 def _compress_layer(
@@ -219,7 +267,9 @@ def _compress_layer(
     index: int,
     ranks_by_name: dict[str, int],
     grams: calibrate.LayerGrams | None,
+    targets: heal.Targets | None = None,
 ) -> LayerRecord:
+    """Factorise layer ``index``'s projections, heal them towards ``targets`` if given, and swap."""
     factors, records, whitenings = {}, [], {}
     for name, rank in ranks_by_name.items():
         linear = swap.dense_projection(model, spec, index, name)
@@ -229,10 +279,31 @@ def _compress_layer(
             factors[name] = decompose.plain_svd(weight, rank)
         else:
             factors[name] = decompose.whitened_svd(weight, whitening, rank)
-        gram = None if grams is None else (grams.down if name == "down" else grams.gate_up)
+        gram = None if grams is None else _input_gram(grams, name)
+        healed = None
+        if targets is not None:
+            healed = heal.closed_form(
+                weight,
+                factors[name],
+                gram,
+                _input_gram(targets.cross, name),
+                _input_gram(targets.dense, name),
+            )
+            factors[name] = healed.factors
         error = decompose.weighted_relative_error(weight, factors[name], gram)
         keep = decompose.kept_fraction(linear.in_features, linear.out_features, rank)
-        records.append(ProjectionRecord(name, linear.in_features, linear.out_features, rank, keep, error))
+        records.append(
+            ProjectionRecord(
+                name,
+                linear.in_features,
+                linear.out_features,
+                rank,
+                keep,
+                error,
+                heal_error_before=None if healed is None else healed.before,
+                heal_error_after=None if healed is None else healed.after,
+            )
+        )
     dense = swap.dense_projection(model, spec, index, next(iter(ranks_by_name)))
     swap.install_lowrank(model, spec, index, ranks_by_name, dense.weight.dtype, dense.weight.device, factors)
     return LayerRecord(index, swap.mlp_name(spec, index), "compressed", projections=tuple(records))

@@ -9,7 +9,11 @@ import torch.nn as nn
 
 @dataclass(frozen=True)
 class ProjectionRecord:
-    """One factorised matrix: its shape, rank, achieved keep and activation-weighted error."""
+    """One factorised matrix: its shape, rank, achieved keep and activation-weighted error.
+
+    With healing, ``heal_error_before``/``heal_error_after`` are the relative errors against the
+    dense model's outputs, ``‖W·Xᵀ − V·U·X̃ᵀ‖ / ‖W·Xᵀ‖``, before and after the refit of ``V``.
+    """
 
     name: str
     in_features: int
@@ -17,6 +21,8 @@ class ProjectionRecord:
     rank: int
     keep: float
     error: float
+    heal_error_before: float | None = None
+    heal_error_after: float | None = None
 
 
 @dataclass(frozen=True)

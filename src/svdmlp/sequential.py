@@ -1,0 +1,197 @@
+"""Sequential calibration: compress decoder layers in order, each on the outputs of those before it.
+
+One-shot calibration takes every layer's Grams from the dense model, so no layer can compensate for
+the error of the compressed layers before it, and the errors compound through the depth. Here layer
+``i`` is calibrated on the hidden states that the *already compressed* layers ``0..i-1`` produce
+(as SVD-LLM and llm-compressor do). Memory stays at about one layer's activations for the
+calibration set: the hidden states entering the current layer (twice when healing also needs the
+dense model's), never the whole model's.
+
+How: one forward pass with every decoder layer replaced by a recorder captures what the model feeds
+its layers (the hidden states entering layer 0, and each layer's keyword arguments: position
+embeddings, attention masks (local and global ones differ per layer in Gemma 2/3 and Qwen), position
+ids...). Then, for each layer: run it on the current hidden states with taps on its MLP's inputs,
+accumulate the Grams, let the caller compress the MLP, and run the compressed layer to produce the
+next hidden states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from svdmlp import arch
+from svdmlp.calibrate import LayerGrams, accumulate_gram
+from svdmlp.heal import Targets
+
+
+class _Captured(Exception):
+    """Raised by the recorder of the last layer needed: the rest of the forward is not wanted."""
+
+
+@dataclass
+class _Batch:
+    """One batch of calibration windows on its way through the layers."""
+
+    hidden: torch.Tensor  # (batch, seq, hidden): input of the current layer in the compressed model
+    dense: torch.Tensor | None  # the same in the dense model (only when healing needs it)
+    kwargs: list[dict]  # per decoder layer: the keyword arguments the model passes it
+
+
+class _Recorder(nn.Module):
+    """Stands in for a decoder layer during capture: records its inputs and computes nothing."""
+
+    def __init__(self, index: int, last: int, sink: list[dict]):
+        super().__init__()
+        self.index, self.last, self.sink = index, last, sink
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.sink.append({"hidden": hidden_states, "kwargs": kwargs} if self.index == 0 else kwargs)
+        if self.index == self.last:
+            raise _Captured
+        return hidden_states
+
+
+@torch.no_grad()
+def _capture(
+    model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor, last: int, batch_size: int, paired: bool
+) -> list[_Batch]:
+    """Each batch's hidden states entering layer 0 and the kwargs of layers ``0..last``."""
+    layers = arch.decoder_layers(model, spec)
+    originals = list(layers)
+    device = next(model.parameters()).device
+    sink: list[dict] = []
+    batches = []
+    try:
+        for index in range(last + 1):
+            layers[index] = _Recorder(index, last, sink)
+        for batch in windows.split(batch_size):
+            sink.clear()
+            try:
+                model(input_ids=batch.to(device), use_cache=False)
+            except _Captured:
+                pass
+            hidden = sink[0]["hidden"]
+            kwargs = [sink[0]["kwargs"], *sink[1:]]
+            batches.append(_Batch(hidden, hidden if paired else None, kwargs))
+    finally:
+        for index, layer in enumerate(originals):
+            layers[index] = layer
+    return batches
+
+
+def _run(layer: nn.Module, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """A decoder layer's output hidden states (transformers 5 returns a tensor, older ones a tuple)."""
+    output = layer(hidden, **kwargs)
+    return output[0] if isinstance(output, tuple) else output
+
+
+class _Taps:
+    """Forward pre-hooks keeping the latest inputs of an MLP and of its down projection."""
+
+    def __init__(self, mlp: nn.Module, down: nn.Module):
+        self.mlp_input = self.down_input = None
+        self._handles = [
+            mlp.register_forward_pre_hook(lambda module, args: setattr(self, "mlp_input", args[0])),
+            down.register_forward_pre_hook(lambda module, args: setattr(self, "down_input", args[0])),
+        ]
+
+    def __enter__(self) -> _Taps:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def _accumulate_cross(target: torch.Tensor, compressed: torch.Tensor, dense: torch.Tensor) -> None:
+    """Add ``X̃ᵀX`` of one batch (fp32 GEMM, fp64 accumulator, like the symmetric Grams)."""
+    x_c = compressed.detach().reshape(-1, compressed.shape[-1]).float()  # (tokens, d)
+    x_d = dense.detach().reshape(-1, dense.shape[-1]).float()  # (tokens, d)
+    target += (x_c.T @ x_d).to(torch.float64)
+
+
+@torch.no_grad()
+def _calibrate_layer(
+    layer: nn.Module, spec: arch.ArchSpec, batches: list[_Batch], index: int
+) -> tuple[LayerGrams, Targets | None]:
+    """Grams of layer ``index``'s (still dense) MLP on the compressed model's inputs; with the
+    dense path present, also the cross and dense Grams for healing, and the dense path advanced."""
+    mlp = getattr(layer, spec.mlp)
+    down = getattr(mlp, spec.down)
+    hidden, inter = getattr(mlp, spec.gate).in_features, down.in_features
+    device = down.weight.device
+    paired = batches[0].dense is not None
+    grams = LayerGrams.zeros(hidden, inter, device)
+    cross, dense = (LayerGrams.zeros(hidden, inter, device) for _ in range(2)) if paired else (None, None)
+    with _Taps(mlp, down) as taps:
+        for batch in batches:
+            if paired:
+                batch.dense = _run(layer, batch.dense, batch.kwargs[index])
+                x_mlp, x_down = taps.mlp_input, taps.down_input
+            _run(layer, batch.hidden, batch.kwargs[index])
+            accumulate_gram(grams.gate_up, taps.mlp_input)
+            accumulate_gram(grams.down, taps.down_input)
+            grams.tokens += taps.mlp_input.numel() // hidden
+            if paired:
+                accumulate_gram(dense.gate_up, x_mlp)
+                accumulate_gram(dense.down, x_down)
+                _accumulate_cross(cross.gate_up, taps.mlp_input, x_mlp)
+                _accumulate_cross(cross.down, taps.down_input, x_down)
+    if paired:
+        cross.tokens = dense.tokens = grams.tokens
+    return grams, (Targets(cross=cross, dense=dense) if paired else None)
+
+
+CompressLayer = Callable[[int, LayerGrams, Targets | None], object]
+
+
+@torch.no_grad()
+def compress_layers(
+    model: nn.Module,
+    spec: arch.ArchSpec,
+    windows: torch.Tensor,
+    indices: list[int],
+    compress_layer: CompressLayer,
+    paired: bool = False,
+    batch_size: int = 4,
+    progress: bool = True,
+) -> dict[int, object]:
+    """Compress layers ``indices`` in order, each calibrated on the already-compressed model.
+
+    Args:
+        windows: calibration tokens ``(num_samples, seq_len)``.
+        indices: decoder layers to compress; the others only carry the hidden states forward.
+        compress_layer: ``(index, grams, targets) -> record`` swaps layer ``index``'s MLP for its
+            compressed version in place; ``grams`` are its inputs' Grams in the compressed model,
+            ``targets`` (when ``paired``) the cross and dense Grams for healing.
+        paired: also carry the dense model's hidden states, for the healing targets.
+
+    Returns:
+        What ``compress_layer`` returned, by layer index.
+    """
+    if not indices:
+        return {}
+    layers = arch.decoder_layers(model, spec)
+    last = max(indices)
+    batches = _capture(model, spec, windows, last, batch_size, paired)
+    wanted = set(indices)
+    records = {}
+    for index in tqdm(range(last + 1), desc="sequential", unit="layer", disable=not progress):
+        layer = layers[index]
+        if index in wanted:
+            grams, targets = _calibrate_layer(layer, spec, batches, index)
+            records[index] = compress_layer(index, grams, targets)
+            del grams, targets
+        elif paired:  # an uncompressed layer is the same in both models
+            for batch in batches:
+                batch.dense = _run(layer, batch.dense, batch.kwargs[index])
+        if index == last:
+            break  # nothing after the last compressed layer needs its inputs
+        for batch in batches:
+            batch.hidden = _run(layer, batch.hidden, batch.kwargs[index])
+    return records
