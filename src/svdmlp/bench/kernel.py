@@ -19,7 +19,7 @@ import torch
 from svdmlp.backends import get as get_backend
 from svdmlp.backends import torch_ref, triton_unavailable_reason
 from svdmlp.bench.environment import cache_bytes
-from svdmlp.bench.timing import Ceilings, capture_graph, cpu_median, cuda_median, measure_ceilings
+from svdmlp.bench.timing import Ceilings, cpu_median, cuda_median, measure_ceilings
 from svdmlp.bench.workloads import (
     compare,
     dense_mlp,
@@ -29,6 +29,7 @@ from svdmlp.bench.workloads import (
     rotating,
     weight_sets,
 )
+from svdmlp.cuda_graphs import capture_graph
 from svdmlp.plan.cost import floor_seconds, mlp_ideal
 from svdmlp.plan.planner import MLPRanks, mlp_ranks
 from svdmlp.plan.shapes import BUILTIN, PAPER_MODELS, SMALL_MODELS, MLPShape

@@ -29,25 +29,6 @@ def cpu_median(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float
     return statistics.median(samples)
 
 
-def capture_graph(fn: Callable[[], object]) -> Callable[[], None]:
-    """Capture ``fn`` in a CUDA graph and return its replay.
-
-    Warm-up runs on a side stream first, as capture requires (lazy initialisation, Triton's JIT and
-    autotuning must not happen inside the capture).
-    """
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
-    return graph.replay
-
-
 def cuda_median(fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
     """Median device time of ``fn()`` in seconds, one pair of CUDA events per call."""
     for _ in range(warmup):

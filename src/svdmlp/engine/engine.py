@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, StaticLayer
 
-from svdmlp.bench.timing import capture_graph
+from svdmlp.cuda_graphs import capture_graph
 from svdmlp.engine.batch import PromptBatch, left_pad
 from svdmlp.engine.sampling import Sampling, select
 
