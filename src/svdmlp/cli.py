@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--allocate",
         action="store_true",
-        help="allocate ranks across all matrices from their spectra under the --keep budget (default: uniform)",
+        help="experimental: allocate ranks across all matrices from their spectra under the --keep budget (default: uniform)",
     )
     p.add_argument(
         "--sequential",
