@@ -137,7 +137,8 @@ def _texts(args) -> list[tuple[str, str]]:
     return texts
 
 
-def _eval_settings(args) -> suite.EvalSettings:
+def eval_settings(args) -> suite.EvalSettings:
+    """The evaluation settings of `eval` and `sweep` (both take the same options)."""
     if args.include_path is not None and not Path(args.include_path).is_dir():
         raise FileNotFoundError(f"--include-path {args.include_path} is not a directory")
     return suite.EvalSettings(
@@ -152,7 +153,7 @@ def _eval_settings(args) -> suite.EvalSettings:
 
 
 def evaluate(args) -> int:
-    settings = _eval_settings(args)
+    settings = eval_settings(args)
     texts = _texts(args)
     model, tokenizer, metadata = _load_target(args.target, args)
     device, dtype = _runtime(args)

@@ -55,15 +55,7 @@ def run(args) -> int:
     from svdmlp.sweep import report, runner
 
     points = runner.plan(args.keep, args.method)
-    settings = suite.EvalSettings(
-        seq_len=args.seq_len,
-        max_windows=args.max_windows,
-        batch_size=args.batch_size,
-        tasks=args.tasks,
-        include_path=args.include_path,
-        limit=args.limit,
-        seed=args.seed,
-    )
+    settings = commands.eval_settings(args)
     base = CompressConfig(
         align=args.align,
         calibration=CalibrationSpec(args.calib, args.calib_samples, args.calib_seq_len),
