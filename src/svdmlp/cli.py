@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--heal",
         choices=HEALS,
         default="none",
-        help="closed-form: refit each matrix's V by least squares towards the dense outputs (default none)",
+        help="experimental, known to degrade real models (BENCHMARKS.md): closed-form refits each V by least squares towards the dense outputs (default none)",
     )
     p.add_argument(
         "--save-dtype",

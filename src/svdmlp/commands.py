@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -58,6 +59,13 @@ def compress(args) -> int:
         heal=args.heal,
     )
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
+    if config.heal != "none":
+        print(
+            "svdmlp compress: warning: --heal closed-form is experimental: on SmolLM2 at keep 0.8 with "
+            "--sequential it raised held-out perplexity from 85 to 2.1 million (BENCHMARKS.md); "
+            "check the result with `svdmlp eval`",
+            file=sys.stderr,
+        )
     device, dtype = _runtime(args)
     _quiet_transformers()
     started = time.perf_counter()
