@@ -20,12 +20,7 @@ PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-{
-    date -u +%Y-%m-%dT%H:%M:%SZ
-    git rev-parse HEAD 2>/dev/null || echo "not a git checkout"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
-    "$PYTHON" -c 'import platform, torch, transformers; print("python", platform.python_version(), "| torch", torch.__version__, "| transformers", transformers.__version__, "| cuda", torch.version.cuda)'
-} 2>&1 | tee "$OUT/env.txt"
+source "$(dirname "$0")/gpu_env.sh"
 
 echo "== GPU tests: pytest -m gpu tests/engine (cut at ${TEST_TIMEOUT}s)"
 timeout "$TEST_TIMEOUT" "$PYTHON" -m pytest -m gpu tests/engine -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -n 30

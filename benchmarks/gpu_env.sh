@@ -1,0 +1,15 @@
+# Sourced by the one-shot GPU scripts: writes what the run ran on to $OUT/env.txt (and the terminal).
+# Expects OUT and PYTHON to be set.
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    git rev-parse HEAD 2>/dev/null || echo "not a git checkout"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+    "$PYTHON" - <<'PY'
+import platform, torch, transformers, triton
+print("python", platform.python_version(), "| torch", torch.__version__, "| triton", triton.__version__,
+      "| transformers", transformers.__version__, "| cuda", torch.version.cuda)
+props = torch.cuda.get_device_properties(0)
+print(props.name, "| SMs", props.multi_processor_count, "| L2", getattr(props, "L2_cache_size", "?"),
+      "| memory", props.total_memory)
+PY
+} 2>&1 | tee "$OUT/env.txt"
