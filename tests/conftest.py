@@ -113,3 +113,30 @@ def model_dir(tmp_path, tokenizer):
     tiny_model("llama").save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_tiny_llama(path, tokenizer):
+    """A tiny Llama and ``tokenizer`` saved to ``path``, as a user's local model directory; returns ``path``."""
+    tiny_model("llama").save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def tiny_checkpoint(root, tokenizer, keep: float = 0.5):
+    """``svdmlp compress`` run on the CPU on a tiny Llama, everything under ``root``.
+
+    Returns (model_dir, text_file, checkpoint_dir); text_file holds SAMPLE_TEXT and is the calibration
+    text (4 windows of 32 tokens, ranks aligned to 8).
+    """
+    from svdmlp.cli import main
+
+    model_dir = save_tiny_llama(root / "tiny-llama", tokenizer)
+    text = root / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    ckpt = root / "ckpt"
+    argv = ["compress", model_dir, "--keep", keep, "--align", 8, "--calib", text]
+    argv += ["--calib-samples", 4, "--calib-seq-len", 32, "--out", ckpt]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        assert main([str(a) for a in argv]) == 0
+    return model_dir, text, ckpt

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, BertConfig, GPT2Config
 
-from conftest import SAMPLE_TEXT, tiny_model
+from conftest import tiny_checkpoint
 from svdmlp import checkpoint
 from svdmlp.cli import build_parser, main
 
@@ -67,16 +67,7 @@ def offline(monkeypatch):
 @pytest.fixture(scope="module")
 def compressed(tmp_path_factory, tokenizer):
     """``svdmlp compress`` run once on a tiny Llama directory: (model_dir, text_file, checkpoint)."""
-    root = tmp_path_factory.mktemp("cli")
-    model_dir = root / "tiny-llama"
-    tiny_model("llama").save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    text = root / "calib.txt"
-    text.write_text(SAMPLE_TEXT, encoding="utf-8")
-    out_dir = root / "ckpt"
-    argv = ["compress", model_dir, "--keep", "0.5", "--calib", text, *TINY, "--out", out_dir]
-    assert main([str(a) for a in argv]) == 0
-    return model_dir, text, out_dir
+    return tiny_checkpoint(tmp_path_factory.mktemp("cli"), tokenizer)
 
 
 def test_compress_prints_layer_table_and_summary(compressed, tmp_path, capsys):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import SAMPLE_TEXT, tiny_model
+from conftest import tiny_checkpoint
 from svdmlp.cli import main
 from svdmlp.evaluate import harness, tasks
 
@@ -37,19 +37,9 @@ TOP_KEYS = {
 def setup(tmp_path_factory, tokenizer):
     """A tiny Llama directory, a text, a local task folder and a checkpoint compressed from the model."""
     root = tmp_path_factory.mktemp("evalcmd")
-    model_dir = root / "tiny-llama"
-    tiny_model("llama").save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
-    text = root / "text.txt"
-    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    model_dir, text, ckpt = tiny_checkpoint(root, tokenizer)
     task_dir = root / "tasks"
     tasks.write_multiple_choice_task(task_dir, "tiny_mc", RECORDS)
-    ckpt = root / "ckpt"
-    argv = ["compress", model_dir, "--keep", "0.5", "--align", "8", "--calib", text]
-    argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--out", ckpt]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch.cuda, "is_available", lambda: False)
-        assert main([str(a) for a in argv]) == 0
     return model_dir, text, task_dir, ckpt
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import SAMPLE_TEXT, tiny_model
+from conftest import SAMPLE_TEXT, save_tiny_llama
 from svdmlp import pipeline
 from svdmlp.cli import main
 from svdmlp.evaluate import harness, tasks
@@ -22,9 +22,7 @@ POINTS = ["dense", "whiten-keep0.8", "whiten-keep0.5", "svd-keep0.8", "svd-keep0
 @pytest.fixture
 def setup(tmp_path, tokenizer, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    model_dir = tmp_path / "tiny-llama"
-    tiny_model("llama").save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
     text = tmp_path / "text.txt"
     text.write_text(SAMPLE_TEXT, encoding="utf-8")
     argv = ["sweep", model_dir, "--keep", "0.8,0.5", "--method", "whiten,svd", "--text", text]
