@@ -38,6 +38,34 @@ def _add_runtime_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_perplexity_options(parser: argparse.ArgumentParser, default_texts: str) -> None:
+    """Perplexity texts, literature sets and windows (``eval`` and ``sweep``; read by
+    ``commands.eval_texts`` and ``commands.eval_settings``). ``default_texts`` is --text's default, in words."""
+    parser.add_argument(
+        "--text",
+        action="append",
+        default=None,
+        help=f"text file, 'shakespeare-heldout' or 'gsm8k' (repeatable; default: {default_texts})",
+    )
+    parser.add_argument(
+        "--dataset", action="append", default=[], help="wikitext2, ptb or c4 through `datasets` (repeatable)"
+    )
+    parser.add_argument(
+        "--data-files",
+        action="append",
+        default=[],
+        metavar="SET=PATH",
+        help="local copy of a --dataset, e.g. wikitext2=test.parquet",
+    )
+    parser.add_argument(
+        "--seq-len", type=int, default=2048, help="tokens per window (default 2048, as in the literature)"
+    )
+    parser.add_argument(
+        "--max-windows", type=int, default=None, help="score only the first N windows of each text"
+    )
+    parser.add_argument("--batch-size", type=int, default=1)
+
+
 def add_task_options(parser: argparse.ArgumentParser) -> None:
     """lm-eval zero-shot tasks (``eval`` and ``sweep``)."""
     parser.add_argument(
@@ -122,30 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)"
     )
-    p.add_argument(
-        "--text",
-        action="append",
-        default=None,
-        help="text file, 'shakespeare-heldout' or 'gsm8k' (repeatable; default: shakespeare-heldout "
-        "unless only --dataset or --tasks are given)",
-    )
-    p.add_argument(
-        "--dataset", action="append", default=[], help="wikitext2, ptb or c4 through `datasets` (repeatable)"
-    )
-    p.add_argument(
-        "--data-files",
-        action="append",
-        default=[],
-        metavar="SET=PATH",
-        help="local copy of a --dataset, e.g. wikitext2=test.parquet",
-    )
-    p.add_argument(
-        "--seq-len", type=int, default=2048, help="tokens per window (default 2048, as in the literature)"
-    )
-    p.add_argument(
-        "--max-windows", type=int, default=None, help="score only the first N windows of each text"
-    )
-    p.add_argument("--batch-size", type=int, default=1)
+    add_perplexity_options(p, "shakespeare-heldout unless only --dataset or --tasks are given")
     add_task_options(p)
     p.add_argument("--no-baseline", action="store_true", help="skip the dense base model of a checkpoint")
     p.add_argument("--json", action="store_true", help="end the output with one JSON line")
@@ -180,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(commands)
     add_bench_parser(commands)
-    add_sweep_parser(commands, add_task_options, _add_runtime_options)
+    add_sweep_parser(commands, add_perplexity_options, add_task_options, _add_runtime_options)
     return parser
 
 

@@ -16,28 +16,14 @@ from svdmlp.engine import Engine, Sampling
 from svdmlp.engine.stream import TextStream
 from svdmlp.evaluate import datasets, harness, suite
 from svdmlp.report import CompressionReport, count_parameters
+from svdmlp.runtime import quiet_transformers, resolve_runtime
 from svdmlp.tables import format_table
-
-
-def _runtime(args) -> tuple[str, torch.dtype]:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA GPU is available")
-    dtype_name = args.dtype or ("bfloat16" if torch.device(device).type == "cuda" else "float32")
-    return device, getattr(torch, dtype_name)
-
-
-def _quiet_transformers() -> None:
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
 
 
 def _load_target(target: str | None, args):
     """(model, tokenizer, metadata) for a checkpoint directory; metadata is None for a dense model."""
-    device, dtype = _runtime(args)
-    _quiet_transformers()
+    device, dtype = resolve_runtime(args)
+    quiet_transformers()
     if target is not None and checkpoint.is_checkpoint(target):
         model, tokenizer = checkpoint.load(target, backend=args.backend, dtype=dtype, device=device)
         return model, tokenizer, checkpoint.read_metadata(target)
@@ -66,8 +52,8 @@ def compress(args) -> int:
             "check the result with `svdmlp eval`",
             file=sys.stderr,
         )
-    device, dtype = _runtime(args)
-    _quiet_transformers()
+    device, dtype = resolve_runtime(args)
+    quiet_transformers()
     started = time.perf_counter()
     model, tokenizer, location = models.load_dense(args.model, dtype=dtype, device=device)
     report = pipeline.compress(model, tokenizer, config)
@@ -129,20 +115,36 @@ def summary_line(report: CompressionReport) -> str:
     )
 
 
-def _texts(args) -> list[tuple[str, str]]:
-    sources = args.text or (["shakespeare-heldout"] if not args.dataset and not args.tasks else [])
-    texts = [(source, corpora.read_text(source)) for source in sources]
-    files = {}
-    for item in args.data_files:
-        name, sep, path = item.partition("=")
-        if not sep:
-            raise ValueError(f"--data-files expects SET=PATH, got {item!r}")
-        files[name] = path
+def eval_texts(args, default: tuple[str, ...] | list[str] = ()) -> list[tuple[str, str]]:
+    """(name, text) to score, from the ``--text``, ``--dataset`` and ``--data-files`` of `eval` and `sweep`.
+
+    The ``--text`` sources come first, or ``default`` when there is no ``--text`` and no ``--dataset``
+    (naming a perplexity set replaces the default texts), then each ``--dataset`` set, read from its
+    ``--data-files`` copy when one is given. Every name must be distinct: it keys the perplexity results.
+    """
+    files = _data_files(args)
     unknown = sorted(set(files) - set(args.dataset))
     if unknown:
         raise ValueError(f"--data-files given for {unknown}, which are not among --dataset {args.dataset}")
+    sources = args.text or ([] if args.dataset else list(default))
+    names = [*sources, *args.dataset]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{repeated} named more than once among --text and --dataset")
+    texts = [(source, corpora.read_text(source)) for source in sources]
     texts += [(name, datasets.load_text(name, files.get(name))) for name in args.dataset]
     return texts
+
+
+def _data_files(args) -> dict[str, str]:
+    """``--data-files SET=PATH`` options as ``{SET: PATH}``."""
+    files = {}
+    for item in args.data_files:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--data-files expects SET=PATH, got {item!r}")
+        files[name] = path
+    return files
 
 
 def eval_settings(args) -> suite.EvalSettings:
@@ -162,9 +164,10 @@ def eval_settings(args) -> suite.EvalSettings:
 
 def evaluate(args) -> int:
     settings = eval_settings(args)
-    texts = _texts(args)
+    # Tasks alone ask for no perplexity: the default text applies only when nothing else is asked for.
+    texts = eval_texts(args, () if args.tasks else ("shakespeare-heldout",))
     model, tokenizer, metadata = _load_target(args.target, args)
-    device, dtype = _runtime(args)
+    device, dtype = resolve_runtime(args)
     rows = []
     calibration = {}
     if metadata is None:

@@ -20,8 +20,12 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def add_sweep_parser(subparsers, add_task_options, add_runtime_options) -> None:
-    """Add ``sweep [MODEL] --keep LIST --method LIST --out DIR`` (with eval's text and task options)."""
+# What a sweep scores when neither --text nor --dataset is given.
+DEFAULT_TEXTS = ("shakespeare-heldout", "gsm8k")
+
+
+def add_sweep_parser(subparsers, add_perplexity_options, add_task_options, add_runtime_options) -> None:
+    """Add ``sweep [MODEL] --keep LIST --method LIST --out DIR`` (with eval's text, dataset and task options)."""
     p = subparsers.add_parser(
         "sweep",
         help="compress at several keeps and methods, evaluate each, write a Markdown report with plots",
@@ -31,15 +35,7 @@ def add_sweep_parser(subparsers, add_task_options, add_runtime_options) -> None:
     p.add_argument("--keep", type=_floats, default=(0.95, 0.9, 0.8, 0.7, 0.6), help="target keeps")
     p.add_argument("--method", type=_names, default=("whiten", "svd"), help="whiten, svd or both")
     p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
-    p.add_argument(
-        "--text",
-        action="append",
-        default=None,
-        help="evaluation text: file, 'shakespeare-heldout' or 'gsm8k' (repeatable; default: both)",
-    )
-    p.add_argument("--seq-len", type=int, default=2048, help="perplexity window (default 2048)")
-    p.add_argument("--max-windows", type=int, default=None, help="first N windows of each text")
-    p.add_argument("--batch-size", type=int, default=1)
+    add_perplexity_options(p, " and ".join(DEFAULT_TEXTS) + " unless --dataset is given")
     p.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
     p.add_argument("--calib", default="shakespeare", help="calibration text (default: built-in plays)")
     p.add_argument("--calib-samples", type=int, default=32)
@@ -50,8 +46,9 @@ def add_sweep_parser(subparsers, add_task_options, add_runtime_options) -> None:
 
 
 def run(args) -> int:
-    from svdmlp import commands, corpora
+    from svdmlp import commands
     from svdmlp.evaluate import suite
+    from svdmlp.runtime import quiet_transformers, resolve_runtime
     from svdmlp.sweep import report, runner
 
     points = runner.plan(args.keep, args.method)
@@ -61,12 +58,13 @@ def run(args) -> int:
         calibration=CalibrationSpec(args.calib, args.calib_samples, args.calib_seq_len),
         seed=args.seed,
     )
-    sources = args.text or ["shakespeare-heldout", "gsm8k"]
-    texts = [(source, corpora.read_text(source)) for source in sources]
-    device, dtype = commands._runtime(args)
-    commands._quiet_transformers()
+    # Unlike eval, tasks do not drop the default texts: a sweep's report is built around perplexity.
+    texts = commands.eval_texts(args, DEFAULT_TEXTS)
+    device, dtype = resolve_runtime(args)
+    quiet_transformers()
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
     records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
+    sources = [name for name, _ in texts if name not in args.dataset]  # names are distinct
     path = report.write_report(args.out, records, command_line(args, sources))
     failed = suite.failures([{**r, "kind": r["point"]} for r in records])
     for line in failed:
@@ -81,9 +79,15 @@ def command_line(args, sources: list[str]) -> str:
     words += ["--keep", ",".join(f"{k:g}" for k in args.keep), "--method", ",".join(args.method)]
     for source in sources:
         words += ["--text", source]
+    for name in args.dataset:
+        words += ["--dataset", name]
+    for item in args.data_files:
+        words += ["--data-files", item]
     words += ["--seq-len", str(args.seq_len)]
     if args.max_windows:
         words += ["--max-windows", str(args.max_windows)]
+    if args.batch_size != 1:
+        words += ["--batch-size", str(args.batch_size)]
     words += ["--align", str(args.align), "--calib", args.calib]
     words += ["--calib-samples", str(args.calib_samples), "--calib-seq-len", str(args.calib_seq_len)]
     if args.tasks:

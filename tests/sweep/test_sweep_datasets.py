@@ -1,0 +1,106 @@
+"""``svdmlp sweep --dataset`` (with ``--data-files``): the literature sets scored at every point, reported,
+plotted and spelled out in the reproducing command line; the texts follow eval's rules."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+import pytest
+import torch
+
+from conftest import SAMPLE_TEXT, save_tiny_llama
+from svdmlp import commands
+from svdmlp.cli import main
+
+POINTS = ["dense", "whiten-keep0.5"]
+
+
+@pytest.fixture
+def wikitext(tmp_path):
+    """A local WikiText-2 copy as the loader accepts it: a parquet file with a ``text`` column."""
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("datasets")
+    path = tmp_path / "wikitext-test.parquet"
+    pd.DataFrame({"text": [f" {sentence}. " for sentence in SAMPLE_TEXT.split(".")]}).to_parquet(path)
+    return path
+
+
+@pytest.fixture
+def sweep_argv(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
+    calib = tmp_path / "calib.txt"
+    calib.write_text(SAMPLE_TEXT, encoding="utf-8")
+    argv = ["sweep", model_dir, "--keep", "0.5", "--method", "whiten"]
+    argv += ["--seq-len", "32", "--max-windows", "2", "--align", "8", "--calib", calib]
+    argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--out", tmp_path / "out"]
+    return [str(a) for a in argv], tmp_path / "out"
+
+
+def test_sweep_scores_a_dataset_from_its_local_copy(sweep_argv, wikitext, capsys):
+    argv, out = sweep_argv
+    options = ["--dataset", "wikitext2", "--data-files", f"wikitext2={wikitext}"]
+    assert main(argv + options) == 0
+    for point in POINTS:
+        record = json.loads((out / "points" / f"{point}.json").read_text())
+        # Only --dataset given: no default texts (shakespeare-heldout, gsm8k), as in eval.
+        assert list(record["perplexity"]) == ["wikitext2"] and record["sweep"]["texts"] == ["wikitext2"]
+        assert record["perplexity"]["wikitext2"] > 1
+    dense = json.loads((out / "points" / "dense.json").read_text())["perplexity"]["wikitext2"]
+    report = (out / "report.md").read_text()
+    command = report.splitlines()[5]
+    assert f"--dataset wikitext2 --data-files wikitext2={wikitext}" in command and "--text" not in command
+    assert "| PPL wikitext2 |" in report and f"| {dense:,.4g} |" in report
+    assert "![perplexity on wikitext2](ppl-wikitext2.png)" in report
+    assert (out / "ppl-wikitext2.png").stat().st_size > 0
+
+    # The command at the report's head is this sweep: rerun, it finds every point finished.
+    capsys.readouterr()
+    assert main(shlex.split(command)[1:]) == 0
+    assert capsys.readouterr().out.count("finished earlier, skipped") == len(POINTS)
+
+
+def test_texts_and_datasets_together(sweep_argv, wikitext, tmp_path):
+    argv, out = sweep_argv
+    text = tmp_path / "own.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    options = ["--text", str(text), "--dataset", "wikitext2", "--data-files", f"wikitext2={wikitext}"]
+    assert main(argv + ["--method", "svd"] + options) == 0
+    record = json.loads((out / "points" / "svd-keep0.5.json").read_text())
+    assert list(record["perplexity"]) == [str(text), "wikitext2"]
+    report = (out / "report.md").read_text()
+    assert f"--text {text} --dataset wikitext2" in report.splitlines()[5]
+    assert (out / "ppl-own.png").is_file() and (out / "ppl-wikitext2.png").is_file()
+
+
+def test_dataset_option_errors_are_one_line(sweep_argv, wikitext, capsys):
+    argv, out = sweep_argv
+    for options, message in (
+        (["--data-files", f"wikitext2={wikitext}"], "--data-files given for ['wikitext2'], which are not"),
+        (["--dataset", "wikitext2", "--data-files", "wikitext2"], "--data-files expects SET=PATH"),
+        (["--dataset", "lambada"], "unknown perplexity set 'lambada'"),
+        (["--dataset", "wikitext2", "--data-files", f"wikitext2={wikitext}.gone"], "does not exist"),
+    ):
+        assert main(argv + options) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("svdmlp sweep: error: ") and message in err and len(err.splitlines()) == 1
+    assert not (out / "points").exists()  # every error comes before any work
+
+
+def _args(**options) -> argparse.Namespace:
+    values = {"text": None, "dataset": [], "data_files": [], **options}
+    return argparse.Namespace(**values)
+
+
+def test_eval_texts_rules(tmp_path, wikitext):
+    text = tmp_path / "t.txt"
+    text.write_text("some words", encoding="utf-8")
+    assert commands.eval_texts(_args(), (str(text),)) == [(str(text), "some words")]
+    assert commands.eval_texts(_args(text=[str(text)]), ("unused",)) == [(str(text), "some words")]
+    named = commands.eval_texts(_args(dataset=["wikitext2"], data_files=[f"wikitext2={wikitext}"]), ("x",))
+    assert [name for name, _ in named] == ["wikitext2"]  # a --dataset replaces the default texts
+    assert named[0][1].startswith(" the quick fox jumps over the green hill number 0. \n\n")
+    with pytest.raises(ValueError, match=r"\['wikitext2'\] named more than once"):
+        commands.eval_texts(_args(dataset=["wikitext2", "wikitext2"], data_files=[f"wikitext2={wikitext}"]))
