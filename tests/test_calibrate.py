@@ -71,3 +71,19 @@ def test_grams_equal_the_inputs_the_projections_see(model_type, index):
 def test_symmetric_gram_equals_the_full_product(blocks):
     x = torch.randn(37, 22, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(calibrate.symmetric_gram(x, blocks), x.T @ x)
+
+
+@pytest.mark.parametrize(
+    "weights, num_samples, expected",
+    [([1.0], 5, [5]), ([0.75, 0.25], 8, [6, 2]), ([0.5, 0.5], 3, [2, 1]), ([0.99, 0.01], 4, [3, 1])],
+)
+def test_window_shares_sum_up_and_give_every_text_one(weights, num_samples, expected):
+    assert calibrate.window_shares(weights, num_samples) == expected
+
+
+def test_mixture_windows_take_each_share_from_its_text(tokenizer):
+    other = " ".join(["numbers one two three four five six seven eight nine ten"] * 40)
+    windows = calibrate.mixture_windows(tokenizer, [(SAMPLE_TEXT, 0.75), (other, 0.25)], 8, 16, seed=0)
+    assert windows.shape == (8, 16)
+    torch.testing.assert_close(windows[:6], calibrate.token_windows(tokenizer, SAMPLE_TEXT, 6, 16, seed=0))
+    torch.testing.assert_close(windows[6:], calibrate.token_windows(tokenizer, other, 2, 16, seed=0))

@@ -1,6 +1,6 @@
 import pytest
 
-from svdmlp.config import FORMAT_VERSION, CalibrationSpec, CompressConfig
+from svdmlp.config import FORMAT_VERSION, CalibrationSpec, CompressConfig, LoraSpec, parse_mixture
 
 
 def test_defaults_and_round_trip():
@@ -52,3 +52,56 @@ def test_from_dict_rejects_unknown_version_and_keys():
         CompressConfig.from_dict({**data, "format_version": 99})
     with pytest.raises(ValueError, match="unknown config keys"):
         CompressConfig.from_dict({**data, "bogus": 1})
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("shakespeare", (("shakespeare", 1.0),)),
+        ("a.txt:3, shakespeare:1", (("a.txt", 0.75), ("shakespeare", 0.25))),
+        ("gsm8k,notes.txt", (("gsm8k", 0.5), ("notes.txt", 0.5))),
+        ("C:\\data\\notes.txt:1", (("C:\\data\\notes.txt", 1.0),)),  # only a numeric suffix is a weight
+        ("dir:with:colons/x.txt", (("dir:with:colons/x.txt", 1.0),)),
+    ],
+)
+def test_calibration_mixtures_parse_and_normalise(source, expected):
+    assert parse_mixture(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("a.txt:0", "weight of 'a.txt' must be a positive number"),
+        ("a.txt:-1", "weight of 'a.txt' must be a positive number"),
+        ("a.txt:nan", "weight of 'a.txt' must be a positive number"),
+        ("a.txt,,b.txt", "NAME\\[:WEIGHT\\]"),
+        ("a.txt:1,a.txt:2", "lists a text twice"),
+    ],
+)
+def test_bad_calibration_mixtures(source, message):
+    with pytest.raises(ValueError, match=message):
+        CalibrationSpec(source)
+
+
+def test_a_mixture_needs_a_window_per_text():
+    with pytest.raises(ValueError, match=r"num_samples \(2\) must be at least the number of texts"):
+        CalibrationSpec("a,b,c", num_samples=2)
+
+
+def test_lora_spec_validation_and_round_trip():
+    config = CompressConfig(heal="lora", lora=LoraSpec(steps=5, lr=1e-3, seq_len=64))
+    assert CompressConfig.from_dict(config.to_dict()) == config
+    old = {k: v for k, v in CompressConfig().to_dict().items() if k != "lora"}
+    assert CompressConfig.from_dict(old) == CompressConfig()  # checkpoints from before the field
+    for kwargs, message in (
+        ({"steps": 0}, "steps must be an integer >= 1"),
+        ({"steps": True}, "steps must be an integer >= 1"),
+        ({"lr": 0.0}, r"lr must be in \(0, 1\)"),
+        ({"seq_len": 1}, "seq_len must be >= 2"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            LoraSpec(**kwargs)
+    with pytest.raises(
+        ValueError, match=r"lora steps \(1\) must be at least the number of calibration texts"
+    ):
+        CompressConfig(heal="lora", lora=LoraSpec(steps=1), calibration=CalibrationSpec("a,b"))

@@ -129,3 +129,16 @@ def test_budget_allocation_meets_the_budget_and_beats_uniform_errors(tokenizer, 
         return sum(p.error**2 for layer in report.layers for p in layer.projections)
 
     assert squared(allocated) <= squared(uniform) + 1e-9
+
+
+def test_calibration_mixture_draws_each_text_by_weight(tokenizer, tmp_path):
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text(SAMPLE_TEXT, encoding="utf-8")
+    second.write_text(" ".join(["numbers one two three four five six seven"] * 60), encoding="utf-8")
+    calibration = CalibrationSpec(f"{first}:3,{second}:1", num_samples=8, seq_len=16)
+    config = CompressConfig(keep=0.5, align=8, calibration=calibration)
+    report = pipeline.compress(tiny_model("llama"), tokenizer, config, progress=False)
+    expected = calibrate.mixture_windows(
+        tokenizer, [(first.read_text(), 0.75), (second.read_text(), 0.25)], 8, 16, seed=0
+    )
+    assert report.calibration == {"tokens": 8 * 16, "sha256": calibrate.tokens_hash(expected)}

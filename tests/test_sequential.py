@@ -36,7 +36,7 @@ def test_layer_grams_match_hooks_on_a_manually_compressed_model(tokenizer):
     seen = {}
     model = tiny_model("llama")
 
-    def compress_layer(index, grams, targets):
+    def compress_layer(index, grams, inputs):
         seen[index] = grams
         return pipeline._compress_layer(model, spec, index, {"gate": 16, "up": 16, "down": 16}, grams)
 
@@ -67,31 +67,30 @@ def test_capture_restores_the_layers_and_stops_after_the_last_one(tokenizer):
     spec = arch.resolve("gemma3_text")
     layers = list(arch.decoder_layers(model, spec))
     windows = calibrate.token_windows(tokenizer, SAMPLE_TEXT, 3, 16, seed=0)
-    batches = sequential._capture(model, spec, windows, last=1, batch_size=2, paired=False)
+    batches = sequential._capture(model, spec, windows, last=1, batch_size=2)
     assert list(arch.decoder_layers(model, spec)) == layers
     assert [tuple(b.hidden.shape) for b in batches] == [(2, 16, 64), (1, 16, 64)]
     assert all(len(b.kwargs) == 2 and "position_embeddings" in b.kwargs[1] for b in batches)
 
 
-def test_paired_mode_carries_the_dense_model_for_healing(tokenizer):
-    """Layer 0: X̃ = X, so every Gram is the dense one; layer 1: the dense Gram is the dense model's."""
+def test_inputs_are_handed_over_for_closed_form_healing(tokenizer):
+    """With keep_inputs the callback gets the MLP's input batches; their Gram is the gate/up Gram."""
     spec = arch.resolve("qwen2")
     windows = calibrate.token_windows(tokenizer, SAMPLE_TEXT, 4, 32, seed=0)
-    dense = calibrate.collect_grams(tiny_model("qwen2"), spec, windows, [0, 1], progress=False)
     seen = {}
     model = tiny_model("qwen2")
 
-    def compress_layer(index, grams, targets):
-        seen[index] = (grams, targets)
+    def compress_layer(index, grams, inputs):
+        seen[index] = (grams, inputs)
         return pipeline._compress_layer(model, spec, index, {"gate": 16, "up": 16, "down": 16}, grams)
 
-    sequential.compress_layers(model, spec, windows, [0, 1], compress_layer, paired=True, progress=False)
-    grams0, targets0 = seen[0]
-    for grams in (grams0, targets0.cross, targets0.dense):
-        _assert_grams_close(grams, dense[0])
-    grams1, targets1 = seen[1]
-    _assert_grams_close(targets1.dense, dense[1])
-    assert not torch.allclose(grams1.down, dense[1].down)  # layer 0's compression reached layer 1
+    sequential.compress_layers(model, spec, windows, [0, 1], compress_layer, keep_inputs=True, progress=False)
+    for grams, inputs in seen.values():
+        assert sum(x.numel() // x.shape[-1] for x in inputs) == 4 * 32
+        gram = torch.zeros_like(grams.gate_up)
+        for x in inputs:
+            calibrate.accumulate_gram(gram, x)
+        torch.testing.assert_close(gram, grams.gate_up)
 
 
 def test_skipped_layers_carry_the_hidden_states(tokenizer):
@@ -112,9 +111,9 @@ def test_config_round_trip_and_validation():
     assert CompressConfig.from_dict(old) == CompressConfig()  # checkpoints from before these fields
     with pytest.raises(ValueError, match="sequential must be true or false, got 'yes'"):
         CompressConfig(sequential="yes")
-    with pytest.raises(ValueError, match="unknown heal 'lora'"):
-        CompressConfig(heal="lora")
-    with pytest.raises(ValueError, match="need method 'whiten', got method 'svd'"):
+    with pytest.raises(ValueError, match="unknown heal 'gradient'"):
+        CompressConfig(heal="gradient")
+    with pytest.raises(ValueError, match="needs method 'whiten', got method 'svd'"):
         CompressConfig(method="svd", sequential=True)
 
 
@@ -124,9 +123,9 @@ def test_cli_flags_reach_the_checkpoint(model_dir, text_file, tmp_path, capsys):
     argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--sequential", "--heal", "closed-form"]
     assert main([str(a) for a in argv]) == 0
     printed = capsys.readouterr().out
-    assert "healing: mean error against the dense outputs" in printed
+    assert "healing (closed-form): mean error of down against the dense MLP output" in printed
     metadata = checkpoint.read_metadata(out)
     assert metadata["config"]["sequential"] is True and metadata["config"]["heal"] == "closed-form"
     with pytest.raises(SystemExit):
-        main(["compress", "--heal", "lora", "--out", str(tmp_path / "x")])
-    assert "invalid choice: 'lora'" in capsys.readouterr().err
+        main(["compress", "--heal", "gradient", "--out", str(tmp_path / "x")])
+    assert "invalid choice: 'gradient'" in capsys.readouterr().err

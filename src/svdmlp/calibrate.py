@@ -42,6 +42,37 @@ def token_windows(tokenizer, text: str, num_samples: int, seq_len: int, seed: in
     return torch.stack([ids[s : s + seq_len] for s in starts.tolist()])
 
 
+def window_shares(weights: list[float], num_samples: int) -> list[int]:
+    """Split ``num_samples`` windows by ``weights``: one each at least, the rest by largest remainder."""
+    if num_samples < len(weights):
+        raise ValueError(f"{num_samples} windows cannot cover {len(weights)} texts (one each at least)")
+    total = sum(weights)
+    spare = num_samples - len(weights)
+    exact = [spare * w / total for w in weights]
+    shares = [int(e) for e in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda i: exact[i] - shares[i], reverse=True)
+    for i in by_remainder[: spare - sum(shares)]:
+        shares[i] += 1
+    return [share + 1 for share in shares]
+
+
+def mixture_windows(
+    tokenizer, texts: list[tuple[str, float]], num_samples: int, seq_len: int, seed: int
+) -> torch.Tensor:
+    """Windows from several ``(text, weight)`` sources, each with its weight's share of ``num_samples``.
+
+    Returns:
+        LongTensor (num_samples, seq_len), the sources' windows in the order given.
+    """
+    shares = window_shares([weight for _, weight in texts], num_samples)
+    return torch.cat(
+        [
+            token_windows(tokenizer, text, share, seq_len, seed)
+            for (text, _), share in zip(texts, shares, strict=True)
+        ]
+    )
+
+
 def tokens_hash(tokens: torch.Tensor) -> str:
     """SHA-256 of the exact calibration tokens (int64, row-major), recorded in every checkpoint."""
     return hashlib.sha256(tokens.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()

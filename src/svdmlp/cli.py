@@ -8,7 +8,7 @@ from importlib import import_module
 
 from svdmlp import __version__
 from svdmlp.bench.cli import add_bench_parser
-from svdmlp.config import HEALS
+from svdmlp.config import HEALS, LoraSpec
 from svdmlp.plan.cli import add_plan_parser
 from svdmlp.sweep.cli import add_sweep_parser
 
@@ -106,7 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
     p.add_argument(
-        "--calib", default="shakespeare", help="calibration text file (default: built-in Shakespeare plays)"
+        "--calib",
+        default="shakespeare",
+        metavar="SOURCE[:WEIGHT],...",
+        help="calibration text: 'shakespeare' (default), 'gsm8k' or a file; a comma-separated list with "
+        "weights mixes them, e.g. shakespeare:3,notes.txt:1",
     )
     p.add_argument("--calib-samples", type=int, default=32, help="calibration windows (default 32)")
     p.add_argument(
@@ -131,7 +135,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--heal",
         choices=HEALS,
         default="none",
-        help="experimental, known to degrade real models (BENCHMARKS.md): closed-form refits each V by least squares towards the dense outputs (default none)",
+        help="closed-form: fit each down projection to compensate the compressed gate/up (needs "
+        "--sequential); lora: train the factors to match the dense model's next-token distribution "
+        "on calibration text (default none)",
+    )
+    p.add_argument(
+        "--heal-steps", type=int, default=LoraSpec.steps, help="lora: training steps (default %(default)s)"
+    )
+    p.add_argument(
+        "--heal-lr", type=float, default=LoraSpec.lr, help="lora: peak learning rate (default %(default)s)"
+    )
+    p.add_argument(
+        "--heal-seq-len",
+        type=int,
+        default=LoraSpec.seq_len,
+        help="lora: tokens per step (default %(default)s)",
     )
     p.add_argument(
         "--save-dtype",

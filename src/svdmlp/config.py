@@ -7,8 +7,35 @@ from dataclasses import asdict, dataclass, field, fields
 FORMAT_VERSION = 1
 METHODS = ("whiten", "svd")
 ALLOCATIONS = ("uniform", "budget")
-HEALS = ("none", "closed-form")
+HEALS = ("none", "closed-form", "lora")
 PROJECTIONS = ("gate", "up", "down")
+
+
+def parse_mixture(source: str) -> tuple[tuple[str, float], ...]:
+    """``"a.txt:3,shakespeare:1"`` -> ``(("a.txt", 0.75), ("shakespeare", 0.25))``: weights normalised.
+
+    A part without ``:WEIGHT`` weighs 1. Only a numeric suffix is a weight, so a path that contains
+    a colon elsewhere still works.
+    """
+    parts = [part.strip() for part in source.split(",")]
+    if not source.strip() or not all(parts):
+        raise ValueError(f"calibration source must be NAME[:WEIGHT][,NAME[:WEIGHT]...], got {source!r}")
+    named = []
+    for part in parts:
+        name, _, suffix = part.rpartition(":")
+        try:
+            weight = float(suffix) if name else 1.0
+        except ValueError:
+            name, weight = part, 1.0
+        name = name or part
+        if not weight > 0 or weight == float("inf"):
+            raise ValueError(f"calibration weight of {name!r} must be a positive number, got {suffix!r}")
+        named.append((name, weight))
+    names = [name for name, _ in named]
+    if len(set(names)) != len(names):
+        raise ValueError(f"calibration source lists a text twice: {source!r}")
+    total = sum(weight for _, weight in named)
+    return tuple((name, weight / total) for name, weight in named)
 
 
 @dataclass(frozen=True)
@@ -16,7 +43,8 @@ class CalibrationSpec:
     """Which text, and how many token windows of which length, feed the activation statistics.
 
     ``source`` is ``"shakespeare"`` (the built-in public-domain plays, disjoint from the held-out
-    evaluation plays) or a path to a UTF-8 text file.
+    evaluation plays), ``"gsm8k"``, a path to a UTF-8 text file, or a weighted mixture of those,
+    ``"NAME[:WEIGHT],NAME[:WEIGHT]"``: each text gets its weight's share of the windows.
     """
 
     source: str = "shakespeare"
@@ -24,12 +52,43 @@ class CalibrationSpec:
     seq_len: int = 512
 
     def __post_init__(self) -> None:
-        if not self.source:
-            raise ValueError("calibration source must be 'shakespeare' or a text file path")
+        mixture = parse_mixture(self.source)
         if self.num_samples < 1:
             raise ValueError(f"calibration num_samples must be >= 1, got {self.num_samples}")
+        if self.num_samples < len(mixture):
+            raise ValueError(
+                f"calibration num_samples ({self.num_samples}) must be at least the number of texts "
+                f"in the mixture ({len(mixture)})"
+            )
         if self.seq_len < 2:
             raise ValueError(f"calibration seq_len must be >= 2, got {self.seq_len}")
+
+    @property
+    def mixture(self) -> tuple[tuple[str, float], ...]:
+        """``(source, weight)`` pairs, weights summing to 1."""
+        return parse_mixture(self.source)
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """Healing by distillation (``heal="lora"``): how long and how hard to train the factors.
+
+    Each step trains on one window of ``seq_len`` calibration tokens (drawn from the calibration
+    source with its own seed), with AdamW at peak learning rate ``lr``, a short warm-up and a linear
+    decay to zero.
+    """
+
+    steps: int = 32
+    lr: float = 3e-4
+    seq_len: int = 512
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"lora steps must be an integer >= 1, got {self.steps!r}")
+        if not isinstance(self.lr, (int, float)) or not 0 < self.lr < 1:
+            raise ValueError(f"lora lr must be in (0, 1), got {self.lr!r}")
+        if self.seq_len < 2:
+            raise ValueError(f"lora seq_len must be >= 2, got {self.seq_len}")
 
 
 @dataclass(frozen=True)
@@ -51,8 +110,12 @@ class CompressConfig:
         sequential: calibrate each layer on the outputs of the already-compressed layers before
             it, so that it compensates their error (see :mod:`svdmlp.sequential`); otherwise every
             layer is calibrated on the dense model's activations.
-        heal: ``"none"`` or ``"closed-form"`` (refit each matrix's V by least squares so the
-            compressed model reproduces the dense outputs; see :mod:`svdmlp.heal`).
+        heal: ``"none"``; ``"closed-form"`` (needs ``sequential``: each down projection is fitted
+            by reduced-rank regression so that, fed by the compressed gate and up, it reproduces the
+            dense MLP's output; see :mod:`svdmlp.heal`); or ``"lora"`` (after factorising, train the
+            low-rank factors to match the dense model's next-token distribution on calibration
+            text; see :mod:`svdmlp.distill`).
+        lora: steps, learning rate and window length of ``heal="lora"``.
     """
 
     keep: float = 0.8
@@ -65,6 +128,7 @@ class CompressConfig:
     allocation: str = "uniform"
     sequential: bool = False
     heal: str = "none"
+    lora: LoraSpec = field(default_factory=LoraSpec)
 
     def __post_init__(self) -> None:
         if isinstance(self.keep, bool) or not isinstance(self.keep, (int, float)):
@@ -81,11 +145,17 @@ class CompressConfig:
             raise ValueError(f"sequential must be true or false, got {self.sequential!r}")
         if self.heal not in HEALS:
             raise ValueError(f"unknown heal {self.heal!r}; expected one of {HEALS}")
-        if self.method != "whiten" and (self.sequential or self.heal != "none"):
-            # Both act on calibration activations, which plain SVD never collects.
+        if self.method != "whiten" and self.sequential:
+            # It acts on calibration activations, which plain SVD never collects.
+            raise ValueError(f"sequential needs method 'whiten', got method {self.method!r}")
+        if self.heal == "closed-form" and not self.sequential:
+            # The refit needs the MLP's inputs themselves (the compressed gate/up outputs are a
+            # nonlinear function of them), which only the layer-by-layer pass keeps.
+            raise ValueError("heal 'closed-form' needs sequential calibration (--sequential)")
+        if self.heal == "lora" and self.lora.steps < len(self.calibration.mixture):
             raise ValueError(
-                f"sequential and heal need method 'whiten', got method {self.method!r} "
-                f"with sequential={self.sequential}, heal={self.heal!r}"
+                f"lora steps ({self.lora.steps}) must be at least the number of calibration texts "
+                f"({len(self.calibration.mixture)}): each step trains on one window"
             )
         targets = tuple(self.targets)
         unknown = sorted(set(targets) - set(PROJECTIONS))
@@ -122,7 +192,8 @@ class CompressConfig:
         if unknown:
             raise ValueError(f"unknown config keys {unknown}; allowed: {sorted(allowed)}")
         calibration = CalibrationSpec(**data.pop("calibration", {}))
+        lora = LoraSpec(**data.pop("lora", {}))
         for key in ("targets", "layers"):
             if data.get(key) is not None:
                 data[key] = tuple(data[key])
-        return cls(calibration=calibration, **data)
+        return cls(calibration=calibration, lora=lora, **data)

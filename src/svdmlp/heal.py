@@ -1,103 +1,115 @@
-"""Closed-form healing: refit a factorisation's V so the compressed model reproduces the dense outputs.
+"""Closed-form healing: fit each down projection so that it compensates the gate/up error.
 
-A projection ``W (out, in)`` of the dense model sees inputs ``X (tokens, in)``; its factorisation
-``V·U`` in the compressed model sees ``X̃`` instead (equal to ``X`` in one-shot mode, different once
-earlier layers are compressed and calibration is sequential). Keeping ``U`` and choosing ``V`` to
-minimise ``‖W·Xᵀ − V·U·X̃ᵀ‖_F`` is linear least squares with the closed form
+Factorising gate and up changes what the down projection reads: ``h̃ = act(gate'(x))·up'(x)``
+instead of ``h = act(gate(x))·up(x)``. Whitened SVD of down on the Gram of ``h`` approximates
+``W·h`` well *for inputs ``h``*, but at run time it gets ``h̃``. The rank-r ``M`` that minimises the
+error that matters,
 
-    V = W·(XᵀX̃)·Uᵀ·(U·X̃ᵀX̃·Uᵀ)⁻¹,
+    ‖W·Hᵀ − M·H̃ᵀ‖_F   (rows of H, H̃: the calibration tokens' h and h̃),
 
-which needs only Grams: ``X̃ᵀX̃``, the cross Gram ``X̃ᵀX`` and (for the error) ``XᵀX``. It is the
-training-free part of SVD-LLM's update: no gradient steps, no activations kept. Being the optimum
-over ``V`` for this ``U``, it never increases the calibration error (guarded against rounding below).
+is a reduced-rank regression with a closed form: with ``G = H̃ᵀH̃`` and ``C = H̃ᵀH``, the
+unconstrained optimum is ``M₀ = W·Cᵀ·G⁻¹`` and the rank-r optimum is the whitened SVD of ``M₀``
+on ``G`` (expand the square: ``‖M·S − M₀·S‖_F`` plus a constant, ``S`` the root of ``G``). When the
+gate and up are exact, ``C = G`` and this is the plain whitened SVD of ``W``. Only Grams are
+accumulated; both targets are functions of the same input ``x``, so the fit does not try to undo
+upstream drift it cannot see (which is what sank an earlier version that chased the dense model's
+trajectory).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from svdmlp.calibrate import LayerGrams
-from svdmlp.decompose import Factors
+from svdmlp.backends.torch_ref import activate
+from svdmlp.calibrate import accumulate_gram
+from svdmlp.decompose import Factors, Whitening, whitened_svd
 
-# Added to U·X̃ᵀX̃·Uᵀ as a fraction of its mean diagonal: U's rows can be nearly dependent on the
-# calibration inputs (directions the eigenvalue floor of the whitening raised), and the solve must
-# stay well posed there without moving V where the data decides it.
-RIDGE = 1e-8
+Projection = Callable[[torch.Tensor], torch.Tensor]
 
 
-@dataclass(frozen=True)
-class Targets:
-    """Per MLP: the cross Grams ``X̃ᵀX`` and the dense Grams ``XᵀX`` of each projection's inputs."""
+@dataclass
+class DownGrams:
+    """Float64 Grams of the down projection's inputs: ``H̃ᵀH̃``, ``H̃ᵀH`` and ``HᵀH``."""
 
-    cross: LayerGrams
-    dense: LayerGrams
-
-    @classmethod
-    def one_shot(cls, grams: LayerGrams) -> Targets:
-        """Targets when the compressed model sees the dense model's inputs (``X̃ = X``)."""
-        return cls(cross=grams, dense=grams)
+    compressed: torch.Tensor
+    cross: torch.Tensor
+    dense: torch.Tensor
 
 
 @dataclass(frozen=True)
 class Healed:
-    """The refitted factors and the relative output error against the dense model before and after."""
+    """The fitted factors and the relative output error before (whitened SVD on ``H``) and after."""
 
     factors: Factors
     before: float
     after: float
 
 
-def output_error(
-    weight: torch.Tensor, factors: Factors, gram: torch.Tensor, cross: torch.Tensor, dense: torch.Tensor
-) -> float:
-    """``‖W·Xᵀ − V·U·X̃ᵀ‖_F / ‖W·Xᵀ‖_F`` from ``gram = X̃ᵀX̃``, ``cross = X̃ᵀX``, ``dense = XᵀX``.
+@torch.no_grad()
+def down_grams(
+    inputs: list[torch.Tensor],
+    dense: tuple[Projection, Projection],
+    compressed: tuple[Projection, Projection],
+    activation: str,
+) -> DownGrams:
+    """Grams of ``h`` (dense gate/up) and ``h̃`` (compressed gate/up) over the MLP's ``inputs``.
 
-    Expands the square: ``tr(W·XᵀX·Wᵀ) − 2·tr(W·XᵀX̃·Mᵀ) + tr(M·X̃ᵀX̃·Mᵀ)`` with ``M = V·U``.
+    Args:
+        inputs: the MLP's calibration inputs, batches of ``(..., hidden)``.
+        dense, compressed: ``(gate, up)`` as functions of ``x (tokens, hidden)`` in float32.
+        activation: the gate nonlinearity (see :func:`svdmlp.backends.torch_ref.activate`).
+    """
+    grams = None
+    for batch in inputs:
+        x = batch.detach().reshape(-1, batch.shape[-1]).float()
+        h = activate(dense[0](x), activation) * dense[1](x)  # (tokens, inter)
+        h_tilde = activate(compressed[0](x), activation) * compressed[1](x)
+        if grams is None:
+            grams = DownGrams(*(h.new_zeros(h.shape[1], h.shape[1], dtype=torch.float64) for _ in range(3)))
+        accumulate_gram(grams.compressed, h_tilde)
+        grams.cross += (h_tilde.T @ h).to(torch.float64)
+        accumulate_gram(grams.dense, h)
+    if grams is None:
+        raise ValueError("no calibration inputs reached this MLP")
+    return grams
+
+
+def output_error(weight: torch.Tensor, factors: Factors, grams: DownGrams) -> float:
+    """``‖W·Hᵀ − V·U·H̃ᵀ‖_F / ‖W·Hᵀ‖_F`` from the Grams.
+
+    Expands the square: ``tr(W·HᵀH·Wᵀ) − 2·tr(W·HᵀH̃·Mᵀ) + tr(M·H̃ᵀH̃·Mᵀ)`` with ``M = V·U``.
     """
     w = weight.detach().to(torch.float64)  # (out, in)
     m = factors.v.to(torch.float64) @ factors.u.to(torch.float64)  # (out, in)
-    target = ((w @ dense) * w).sum()
-    square = target - 2 * ((w @ cross.T) * m).sum() + ((m @ gram) * m).sum()
+    target = ((w @ grams.dense) * w).sum()
+    square = target - 2 * ((w @ grams.cross.T) * m).sum() + ((m @ grams.compressed) * m).sum()
     return float((square.clamp(min=0) / target).sqrt())
 
 
-def closed_form(
-    weight: torch.Tensor,
-    factors: Factors,
-    gram: torch.Tensor,
-    cross: torch.Tensor,
-    dense: torch.Tensor,
-    ridge: float = RIDGE,
-) -> Healed:
-    """The least-squares ``V`` for fixed ``U`` (see the module docstring), in float64.
+def regression_target(weight: torch.Tensor, grams: DownGrams, whitening: Whitening) -> torch.Tensor:
+    """``M₀ = W·Cᵀ·G⁻¹`` in float64, ``G⁻¹`` from the (floored) eigendecomposition of ``G``."""
+    w = weight.detach().to(torch.float64)
+    basis = whitening.basis
+    inverse = (basis / whitening.root.square()) @ basis.T
+    return w @ grams.cross.T @ inverse
+
+
+def compensating_down(weight: torch.Tensor, grams: DownGrams, rank: int, before: Factors) -> Healed:
+    """The rank-``rank`` down factors that best reproduce ``W·h`` from ``h̃`` (module docstring).
 
     Args:
-        weight: the dense ``W (out, in)``.
-        factors: ``V (out, r)``, ``U (r, in)`` to heal; ``U`` is kept.
-        gram, cross, dense: ``X̃ᵀX̃``, ``X̃ᵀX`` and ``XᵀX``, each ``(in, in)``.
-
-    Returns:
-        The healed factors (the given ones if rounding made the refit worse) and the errors.
+        weight: the dense down projection ``W (hidden, inter)``.
+        grams: from :func:`down_grams`.
+        before: the factorisation without compensation (whitened SVD on ``h``), for the report and
+            as the fallback should rounding make the fit worse.
     """
-    n = weight.shape[1]
-    for label, matrix in (("gram", gram), ("cross", cross), ("dense", dense)):
-        if tuple(matrix.shape) != (n, n):
-            raise ValueError(
-                f"{label} Gram has shape {tuple(matrix.shape)}; the weight's inputs need ({n}, {n})"
-            )
-    gram, cross, dense = (m.to(torch.float64) for m in (gram, cross, dense))
-    w = weight.detach().to(torch.float64)  # (out, in)
-    u = factors.u.to(torch.float64)  # (r, in)
-    normal = u @ gram @ u.T  # (r, r) = U·X̃ᵀX̃·Uᵀ
-    normal = (normal + normal.T) / 2
-    normal.diagonal().add_(ridge * normal.diagonal().mean())
-    right = w @ cross.T @ u.T  # (out, r) = W·XᵀX̃·Uᵀ
-    v = torch.linalg.solve(normal, right.T).T  # normal is symmetric: V·normal = right
-    healed = Factors(u=factors.u, v=v.to(factors.v.dtype))
-    before = output_error(weight, factors, gram, cross, dense)
-    after = output_error(weight, healed, gram, cross, dense)
-    if after > before:
-        return Healed(factors, before, before)
-    return Healed(healed, before, after)
+    whitening = Whitening.from_gram(grams.compressed)
+    fitted = whitened_svd(regression_target(weight, grams, whitening), whitening, rank)
+    error_before = output_error(weight, before, grams)
+    error_after = output_error(weight, fitted, grams)
+    if error_after > error_before:
+        return Healed(before, error_before, error_before)
+    return Healed(fitted, error_before, error_after)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from svdmlp import arch, calibrate, corpora, decompose, heal, ranks, sequential, swap
+from svdmlp import arch, calibrate, corpora, decompose, distill, heal, ranks, sequential, swap
 from svdmlp.config import CompressConfig
 from svdmlp.report import CompressionReport, LayerRecord, ProjectionRecord, count_parameters
 
@@ -90,11 +90,30 @@ def collect_calibration(
     )
 
 
-def _windows(tokenizer, config: CompressConfig, calibration_text: str | None) -> torch.Tensor:
-    """The calibration token windows ``(num_samples, seq_len)`` that ``config`` asks for."""
-    text = calibration_text if calibration_text is not None else corpora.read_text(config.calibration.source)
+def _windows(
+    tokenizer,
+    config: CompressConfig,
+    calibration_text: str | None,
+    num_samples: int | None = None,
+    seq_len: int | None = None,
+    seed: int | None = None,
+) -> torch.Tensor:
+    """Token windows ``(num_samples, seq_len)`` of the calibration text or mixture ``config`` names.
+
+    Defaults are the calibration's own count, length and seed; healing draws its own with others.
+    """
     spec_c = config.calibration
-    return calibrate.token_windows(tokenizer, text, spec_c.num_samples, spec_c.seq_len, config.seed)
+    if calibration_text is not None:
+        texts = [(calibration_text, 1.0)]
+    else:
+        texts = [(corpora.read_text(source), weight) for source, weight in spec_c.mixture]
+    return calibrate.mixture_windows(
+        tokenizer,
+        texts,
+        spec_c.num_samples if num_samples is None else num_samples,
+        spec_c.seq_len if seq_len is None else seq_len,
+        config.seed if seed is None else seed,
+    )
 
 
 def _calibrate(model, tokenizer, config, spec, indices, calibration_text, progress) -> Calibration:
@@ -151,6 +170,9 @@ def compress(
         calibration_info = calibration.info
 
     grams_used = bool(grams) or (config.sequential and bool(to_compress))
+    teacher = (
+        distill.DenseTeacher(model, spec, to_compress) if config.heal == "lora" and to_compress else None
+    )
     factorising = time.perf_counter()
     planned = _plan_ranks(model, spec, config, to_compress, grams)
     done_by_index, sequential_calibration = {}, 0.0
@@ -170,21 +192,44 @@ def compress(
             records.append(done_by_index[index])
         else:
             layer_grams = grams.pop(index, None)  # free each layer's Grams as soon as it is done
-            targets = heal.Targets.one_shot(layer_grams) if config.heal != "none" and layer_grams else None
-            records.append(_compress_layer(model, spec, index, planned[index], layer_grams, targets))
+            records.append(_compress_layer(model, spec, index, planned[index], layer_grams))
     done = time.perf_counter()
+    healing, timings = {}, {}
+    if teacher is not None:
+        healing = _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, progress)
+        timings["healing"] = healing["seconds"]
+    del teacher  # the dense MLPs it kept
+    finished = time.perf_counter()
     return CompressionReport(
         layers=records,
         params_before=before,
         params_after=count_parameters(model, mlp_names),
-        seconds=done - started,
+        seconds=finished - started,
         timings={
             "calibration": factorising - calibrated + sequential_calibration,
             "factorisation": done - factorising - sequential_calibration,
+            **timings,
         },
         calibration=calibration_info,
         error_metric="activation-weighted" if grams_used else "weight-frobenius",
+        healing=healing,
     )
+
+
+def _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, progress) -> dict:
+    """Run :func:`svdmlp.distill.distill` on windows of its own; what the report records of it."""
+    lora = config.lora
+    windows = _windows(tokenizer, config, calibration_text, lora.steps, lora.seq_len, config.seed + 1)
+    texts = 1 if calibration_text is not None else len(config.calibration.mixture)
+    validation = _windows(tokenizer, config, calibration_text, max(2, texts), lora.seq_len, config.seed + 2)
+    result = distill.distill(model, teacher, windows, validation, lora, progress=progress)
+    return {
+        "method": "lora",
+        **result.to_dict(),
+        "lr": lora.lr,
+        "seq_len": lora.seq_len,
+        "sha256": calibrate.tokens_hash(windows),
+    }
 
 
 def _compress_sequential(model, tokenizer, config, spec, planned, calibration_text, progress):
@@ -197,15 +242,21 @@ def _compress_sequential(model, tokenizer, config, spec, planned, calibration_te
     windows = _windows(tokenizer, config, calibration_text)
     factorising = 0.0
 
-    def compress_layer(index, grams, targets):
+    def compress_layer(index, grams, inputs):
         nonlocal factorising
         begun = time.perf_counter()
-        record = _compress_layer(model, spec, index, planned[index], grams, targets)
+        record = _compress_layer(model, spec, index, planned[index], grams, inputs)
         factorising += time.perf_counter() - begun
         return record
 
     records = sequential.compress_layers(
-        model, spec, windows, sorted(planned), compress_layer, paired=config.heal != "none", progress=progress
+        model,
+        spec,
+        windows,
+        sorted(planned),
+        compress_layer,
+        keep_inputs=config.heal == "closed-form",
+        progress=progress,
     )
     info = {"tokens": windows.numel(), "sha256": calibrate.tokens_hash(windows), "sequential": True}
     return records, info, time.perf_counter() - started - factorising
@@ -261,15 +312,28 @@ def _input_gram(grams: calibrate.LayerGrams, name: str) -> torch.Tensor:
     return grams.down if name == "down" else grams.gate_up
 
 
+def _projection(weight: torch.Tensor, factors: decompose.Factors | None = None):
+    """``x -> x·Wᵀ`` (or ``x·Uᵀ·Vᵀ`` with factors) in float32, for :func:`svdmlp.heal.down_grams`."""
+    if factors is None:
+        w_t = weight.detach().float().T
+        return lambda x: x @ w_t
+    u_t, v_t = factors.u.float().T, factors.v.float().T
+    return lambda x: (x @ u_t) @ v_t
+
+
 def _compress_layer(
     model: nn.Module,
     spec: arch.ArchSpec,
     index: int,
     ranks_by_name: dict[str, int],
     grams: calibrate.LayerGrams | None,
-    targets: heal.Targets | None = None,
+    inputs: list[torch.Tensor] | None = None,
 ) -> LayerRecord:
-    """Factorise layer ``index``'s projections, heal them towards ``targets`` if given, and swap."""
+    """Factorise layer ``index``'s projections and swap them in.
+
+    With the MLP's calibration ``inputs`` (closed-form healing), down is fitted last so that it
+    compensates the error of the compressed gate and up (see :mod:`svdmlp.heal`).
+    """
     factors, records, whitenings = {}, [], {}
     for name, rank in ranks_by_name.items():
         linear = swap.dense_projection(model, spec, index, name)
@@ -281,13 +345,9 @@ def _compress_layer(
             factors[name] = decompose.whitened_svd(weight, whitening, rank)
         gram = None if grams is None else _input_gram(grams, name)
         healed = None
-        if targets is not None:
-            healed = heal.closed_form(
-                weight,
-                factors[name],
-                gram,
-                _input_gram(targets.cross, name),
-                _input_gram(targets.dense, name),
+        if inputs is not None and name == "down":
+            healed = heal.compensating_down(
+                weight, _down_grams(model, spec, index, factors, inputs), rank, factors[name]
             )
             factors[name] = healed.factors
         error = decompose.weighted_relative_error(weight, factors[name], gram)
@@ -307,3 +367,11 @@ def _compress_layer(
     dense = swap.dense_projection(model, spec, index, next(iter(ranks_by_name)))
     swap.install_lowrank(model, spec, index, ranks_by_name, dense.weight.dtype, dense.weight.device, factors)
     return LayerRecord(index, swap.mlp_name(spec, index), "compressed", projections=tuple(records))
+
+
+def _down_grams(model, spec, index, factors, inputs) -> heal.DownGrams:
+    """Grams of down's inputs with the dense and with the (already factorised) gate and up."""
+    weights = {name: swap.dense_projection(model, spec, index, name).weight for name in ("gate", "up")}
+    dense = tuple(_projection(weights[name]) for name in ("gate", "up"))
+    compressed = tuple(_projection(weights[name], factors.get(name)) for name in ("gate", "up"))
+    return heal.down_grams(inputs, dense, compressed, spec.activation)

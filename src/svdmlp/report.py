@@ -11,8 +11,9 @@ import torch.nn as nn
 class ProjectionRecord:
     """One factorised matrix: its shape, rank, achieved keep and activation-weighted error.
 
-    With healing, ``heal_error_before``/``heal_error_after`` are the relative errors against the
-    dense model's outputs, ``‖W·Xᵀ − V·U·X̃ᵀ‖ / ‖W·Xᵀ‖``, before and after the refit of ``V``.
+    With closed-form healing, a down projection's ``heal_error_before``/``heal_error_after`` are
+    its relative errors against the dense MLP's output when fed by the compressed gate and up,
+    ``‖W·Hᵀ − V·U·H̃ᵀ‖ / ‖W·Hᵀ‖``, without and with the compensating fit (see :mod:`svdmlp.heal`).
     """
 
     name: str
@@ -52,8 +53,12 @@ class CompressionReport:
     # "activation-weighted" (‖(W − VU)Xᵀ‖/‖WXᵀ‖ on the calibration data) or, without calibration,
     # "weight-frobenius" (‖W − VU‖/‖W‖).
     error_metric: str = "activation-weighted"
-    # Wall seconds per phase ("calibration", "factorisation"); ``seconds`` is their total plus checks.
+    # Wall seconds per phase ("calibration", "factorisation", "healing" if any); ``seconds`` is their
+    # total plus checks.
     timings: dict = field(default_factory=dict)
+    # Distillation healing ("lora"): steps, lr, seq_len, tokens and their hash, seconds, validation
+    # KL (nats/token, dense -> compressed) before and after; empty without it.
+    healing: dict = field(default_factory=dict)
 
     @property
     def achieved_keep(self) -> float:
@@ -81,6 +86,7 @@ class CompressionReport:
             calibration=data.get("calibration", {}),
             error_metric=data.get("error_metric", "activation-weighted"),
             timings=data.get("timings", {}),
+            healing=data.get("healing", {}),
         )
 
 

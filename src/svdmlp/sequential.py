@@ -4,8 +4,8 @@ One-shot calibration takes every layer's Grams from the dense model, so no layer
 the error of the compressed layers before it, and the errors compound through the depth. Here layer
 ``i`` is calibrated on the hidden states that the *already compressed* layers ``0..i-1`` produce
 (as SVD-LLM and llm-compressor do). Memory stays at about one layer's activations for the
-calibration set: the hidden states entering the current layer (twice when healing also needs the
-dense model's), never the whole model's.
+calibration set: the hidden states entering the current layer (and, for closed-form healing, the
+inputs of its MLP), never the whole model's.
 
 How: one forward pass with every decoder layer replaced by a recorder captures what the model feeds
 its layers (the hidden states entering layer 0, and each layer's keyword arguments: position
@@ -26,7 +26,6 @@ from tqdm.auto import tqdm
 
 from svdmlp import arch
 from svdmlp.calibrate import LayerGrams, accumulate_gram
-from svdmlp.heal import Targets
 
 
 class _Captured(Exception):
@@ -38,7 +37,6 @@ class _Batch:
     """One batch of calibration windows on its way through the layers."""
 
     hidden: torch.Tensor  # (batch, seq, hidden): input of the current layer in the compressed model
-    dense: torch.Tensor | None  # the same in the dense model (only when healing needs it)
     kwargs: list[dict]  # per decoder layer: the keyword arguments the model passes it
 
 
@@ -58,7 +56,7 @@ class _Recorder(nn.Module):
 
 @torch.no_grad()
 def _capture(
-    model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor, last: int, batch_size: int, paired: bool
+    model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor, last: int, batch_size: int
 ) -> list[_Batch]:
     """Each batch's hidden states entering layer 0 and the kwargs of layers ``0..last``."""
     layers = arch.decoder_layers(model, spec)
@@ -77,7 +75,7 @@ def _capture(
                 pass
             hidden = sink[0]["hidden"]
             kwargs = [sink[0]["kwargs"], *sink[1:]]
-            batches.append(_Batch(hidden, hidden if paired else None, kwargs))
+            batches.append(_Batch(hidden, kwargs))
     finally:
         for index, layer in enumerate(originals):
             layers[index] = layer
@@ -108,46 +106,29 @@ class _Taps:
             handle.remove()
 
 
-def _accumulate_cross(target: torch.Tensor, compressed: torch.Tensor, dense: torch.Tensor) -> None:
-    """Add ``X̃ᵀX`` of one batch (fp32 GEMM, fp64 accumulator, like the symmetric Grams)."""
-    x_c = compressed.detach().reshape(-1, compressed.shape[-1]).float()  # (tokens, d)
-    x_d = dense.detach().reshape(-1, dense.shape[-1]).float()  # (tokens, d)
-    target += (x_c.T @ x_d).to(torch.float64)
-
-
 @torch.no_grad()
 def _calibrate_layer(
-    layer: nn.Module, spec: arch.ArchSpec, batches: list[_Batch], index: int
-) -> tuple[LayerGrams, Targets | None]:
-    """Grams of layer ``index``'s (still dense) MLP on the compressed model's inputs; with the
-    dense path present, also the cross and dense Grams for healing, and the dense path advanced."""
+    layer: nn.Module, spec: arch.ArchSpec, batches: list[_Batch], index: int, keep_inputs: bool
+) -> tuple[LayerGrams, list[torch.Tensor] | None]:
+    """Grams of layer ``index``'s (still dense) MLP on the compressed model's inputs, and with
+    ``keep_inputs`` the MLP's input batches themselves."""
     mlp = getattr(layer, spec.mlp)
     down = getattr(mlp, spec.down)
     hidden, inter = getattr(mlp, spec.gate).in_features, down.in_features
-    device = down.weight.device
-    paired = batches[0].dense is not None
-    grams = LayerGrams.zeros(hidden, inter, device)
-    cross, dense = (LayerGrams.zeros(hidden, inter, device) for _ in range(2)) if paired else (None, None)
+    grams = LayerGrams.zeros(hidden, inter, down.weight.device)
+    inputs = [] if keep_inputs else None
     with _Taps(mlp, down) as taps:
         for batch in batches:
-            if paired:
-                batch.dense = _run(layer, batch.dense, batch.kwargs[index])
-                x_mlp, x_down = taps.mlp_input, taps.down_input
             _run(layer, batch.hidden, batch.kwargs[index])
             accumulate_gram(grams.gate_up, taps.mlp_input)
             accumulate_gram(grams.down, taps.down_input)
             grams.tokens += taps.mlp_input.numel() // hidden
-            if paired:
-                accumulate_gram(dense.gate_up, x_mlp)
-                accumulate_gram(dense.down, x_down)
-                _accumulate_cross(cross.gate_up, taps.mlp_input, x_mlp)
-                _accumulate_cross(cross.down, taps.down_input, x_down)
-    if paired:
-        cross.tokens = dense.tokens = grams.tokens
-    return grams, (Targets(cross=cross, dense=dense) if paired else None)
+            if keep_inputs:
+                inputs.append(taps.mlp_input)
+    return grams, inputs
 
 
-CompressLayer = Callable[[int, LayerGrams, Targets | None], object]
+CompressLayer = Callable[[int, LayerGrams, list[torch.Tensor] | None], object]
 
 
 @torch.no_grad()
@@ -157,7 +138,7 @@ def compress_layers(
     windows: torch.Tensor,
     indices: list[int],
     compress_layer: CompressLayer,
-    paired: bool = False,
+    keep_inputs: bool = False,
     batch_size: int = 4,
     progress: bool = True,
 ) -> dict[int, object]:
@@ -166,10 +147,10 @@ def compress_layers(
     Args:
         windows: calibration tokens ``(num_samples, seq_len)``.
         indices: decoder layers to compress; the others only carry the hidden states forward.
-        compress_layer: ``(index, grams, targets) -> record`` swaps layer ``index``'s MLP for its
+        compress_layer: ``(index, grams, inputs) -> record`` swaps layer ``index``'s MLP for its
             compressed version in place; ``grams`` are its inputs' Grams in the compressed model,
-            ``targets`` (when ``paired``) the cross and dense Grams for healing.
-        paired: also carry the dense model's hidden states, for the healing targets.
+            ``inputs`` (with ``keep_inputs``, else None) the MLP's input batches.
+        keep_inputs: also hand over the MLP's inputs (closed-form healing refits down on them).
 
     Returns:
         What ``compress_layer`` returned, by layer index.
@@ -178,18 +159,15 @@ def compress_layers(
         return {}
     layers = arch.decoder_layers(model, spec)
     last = max(indices)
-    batches = _capture(model, spec, windows, last, batch_size, paired)
+    batches = _capture(model, spec, windows, last, batch_size)
     wanted = set(indices)
     records = {}
     for index in tqdm(range(last + 1), desc="sequential", unit="layer", disable=not progress):
         layer = layers[index]
         if index in wanted:
-            grams, targets = _calibrate_layer(layer, spec, batches, index)
-            records[index] = compress_layer(index, grams, targets)
-            del grams, targets
-        elif paired:  # an uncompressed layer is the same in both models
-            for batch in batches:
-                batch.dense = _run(layer, batch.dense, batch.kwargs[index])
+            grams, inputs = _calibrate_layer(layer, spec, batches, index, keep_inputs)
+            records[index] = compress_layer(index, grams, inputs)
+            del grams, inputs
         if index == last:
             break  # nothing after the last compressed layer needs its inputs
         for batch in batches:
