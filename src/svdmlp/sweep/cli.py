@@ -29,7 +29,10 @@ def add_sweep_parser(subparsers, add_perplexity_options, add_task_options, add_r
     p = subparsers.add_parser(
         "sweep",
         help="compress at several keeps and methods, evaluate each, write a Markdown report with plots",
-        description="Resumable: each finished point is OUT/points/NAME.json; a rerun skips it.",
+        description=(
+            "Resumable: each finished point is OUT/points/NAME.json; a rerun skips it (so rerunning "
+            "with --bench FILE added only rebuilds the report)."
+        ),
     )
     p.add_argument("model", nargs="?", default=None, help="model directory or hub id (default: built-in)")
     p.add_argument("--keep", type=_floats, default=(0.95, 0.9, 0.8, 0.7, 0.6), help="target keeps")
@@ -40,6 +43,12 @@ def add_sweep_parser(subparsers, add_perplexity_options, add_task_options, add_r
     p.add_argument("--calib", default="shakespeare", help="calibration text (default: built-in plays)")
     p.add_argument("--calib-samples", type=int, default=32)
     p.add_argument("--calib-seq-len", type=int, default=512)
+    p.add_argument(
+        "--bench",
+        type=Path,
+        metavar="FILE",
+        help="a `svdmlp bench e2e --json` file: the report adds decode speedup per keep next to perplexity",
+    )
     add_task_options(p)
     add_runtime_options(p)
     p.set_defaults(func=run)
@@ -49,9 +58,10 @@ def run(args) -> int:
     from svdmlp import commands
     from svdmlp.evaluate import suite
     from svdmlp.runtime import quiet_transformers, resolve_runtime
-    from svdmlp.sweep import report, runner
+    from svdmlp.sweep import report, runner, speed
 
     points = runner.plan(args.keep, args.method)
+    bench = speed.load(args.bench) if args.bench else None  # checked before any work
     settings = commands.eval_settings(args)
     base = CompressConfig(
         align=args.align,
@@ -65,7 +75,7 @@ def run(args) -> int:
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
     records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
     sources = [name for name, _ in texts if name not in args.dataset]  # names are distinct
-    path = report.write_report(args.out, records, command_line(args, sources))
+    path = report.write_report(args.out, records, command_line(args, sources), bench)
     failed = suite.failures([{**r, "kind": r["point"]} for r in records])
     for line in failed:
         print(line)
@@ -96,5 +106,7 @@ def command_line(args, sources: list[str]) -> str:
             words += ["--include-path", args.include_path]
         if args.limit:
             words += ["--limit", str(args.limit)]
+    if args.bench:
+        words += ["--bench", str(args.bench)]
     words += ["--seed", str(args.seed), "--out", str(args.out)]
     return shlex.join(words)

@@ -2,7 +2,8 @@
 
 The command that made the sweep heads the report, so that the numbers can be regenerated; the plots
 put perplexity (log scale: plain SVD on small models reaches 10^5 and more) and accuracy against the
-*achieved* keep, since alignment moves every point off its target.
+*achieved* keep, since alignment moves every point off its target. With a ``bench e2e`` file
+(``--bench``), a section pairs each benchmarked keep's decode speedup with the sweep's perplexity.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from svdmlp.evaluate import harness, suite  # noqa: E402
+from svdmlp.sweep import speed  # noqa: E402
+
+SPEED_PLOT = "ppl-vs-speed.png"
 
 
 def _slug(name: str) -> str:
@@ -71,8 +75,86 @@ def plot_accuracy(records: list[dict], task: str, path: Path) -> None:
     plt.close(figure)
 
 
-def write_report(out: Path, records: list[dict], command: str) -> Path:
-    """Write ``OUT/report.md`` and its plots; return the report's path."""
+def plot_speed(comparison: speed.Comparison, texts: list[str], path: Path) -> None:
+    """Perplexity vs decode speedup over dense, one line per text through dense and the keeps in
+    falling order, each point labelled with its keep."""
+    batch = comparison.plot_batch
+    pairings = [p for p in comparison.pairings if batch in p.decode]  # dense, then keeps falling
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for index, text in enumerate(texts):
+        xs = [p.decode[batch][0] for p in pairings]
+        ys = [p.record["perplexity"][text] for p in pairings]
+        axes.plot(xs, ys, marker="o", color=f"C{index}", label=text)
+        for p, x, y in zip(pairings, xs, ys, strict=True):
+            label = p.label if p.exact else f"{p.label} (PPL at {p.record['target_keep']:g})"
+            axes.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    axes.set(xlabel=f"decode speedup over dense (batch {batch})", ylabel="perplexity", yscale="log")
+    axes.set_title(f"{comparison.method}: perplexity vs decode speed", fontsize=10)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def speed_section(out: Path, records: list[dict], bench: speed.Bench) -> list[str]:
+    """The "Speed vs quality" section: provenance, pairings, the table, and ``ppl-vs-speed.png``."""
+    sweep = records[0]["sweep"]
+    texts, comparison = sweep["texts"], speed.compare(bench, records)
+    if speed.same_model(comparison.model, sweep["model"]):
+        measured = f"{comparison.model}, the sweep's model"
+    else:
+        measured = f"{comparison.model}, **not** the sweep's model (the speedups are that model's)"
+    pairs = ", ".join(
+        f"{p.label} → {p.record['point']} ({'same' if p.exact else 'nearest'} target keep, "
+        f"achieved {p.record['achieved_keep']:.4f})"
+        for p in comparison.pairings
+        if p.keep is not None
+    )
+    lines = [
+        "## Speed vs quality",
+        "",
+        f"- Speeds: {bench.provenance()}.",
+        f"- Model benchmarked: {measured}.",
+        "- decode B=N: speedup over dense of one decode step at batch N (N new tokens, one per sequence), "
+        "its ms in brackets; the bench times random factors of the ranks its keep gives.",
+    ]
+    if comparison.has_ideal:
+        lines.append(
+            "- ideal: dense weight bytes over the variant's, the speedup of a purely weight-streaming decode."
+        )
+    lines.append(f"- Perplexity of the {comparison.method} point paired with each bench keep: {pairs}.")
+    bench_align = bench.config.get("align")
+    if bench_align is not None and bench_align != sweep["compress"]["align"]:
+        lines.append(
+            f"- The bench aligned ranks to {bench_align}, the sweep to {sweep['compress']['align']}: "
+            "the ranks timed are not exactly the ranks scored."
+        )
+    headers = ["bench keep", "point", "achieved keep"] + [f"decode B={b}" for b in comparison.batches]
+    headers += ["ideal"] if comparison.has_ideal else []
+    headers += [f"PPL {t}" for t in texts]
+    rows = []
+    for p in comparison.pairings:
+        cells = [
+            p.label,
+            p.record["point"] + ("" if p.exact else " (nearest)"),
+            f"{p.record['achieved_keep']:.4f}",
+        ]
+        for batch in comparison.batches:
+            cells.append(
+                f"{p.decode[batch][0]:.2f}x ({p.decode[batch][1] * 1e3:.3g} ms)" if batch in p.decode else "-"
+            )
+        cells += [f"{p.ideal:.2f}x"] if comparison.has_ideal else []
+        cells += [_cell(p.record["perplexity"][t]) for t in texts]
+        rows.append(cells)
+    lines += ["", "| " + " | ".join(headers) + " |", "|---" * len(headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    plot_speed(comparison, texts, out / SPEED_PLOT)
+    return lines + ["", f"![perplexity vs decode speedup]({SPEED_PLOT})", ""]
+
+
+def write_report(out: Path, records: list[dict], command: str, bench: speed.Bench | None = None) -> Path:
+    """Write ``OUT/report.md`` and its plots (with ``bench``: the speed-vs-quality section); return its path."""
     sweep = records[0]["sweep"]
     texts, tasks = sweep["texts"], sweep["settings"]["tasks"]
     lines = [
@@ -102,6 +184,8 @@ def write_report(out: Path, records: list[dict], command: str) -> Path:
             name = f"acc-{_slug(task)}.png"
             plot_accuracy(records, task, out / name)
             lines += [f"![{task}]({name})", ""]
+    if bench is not None:
+        lines += speed_section(out, records, bench)
     failed = suite.failures([{**r, "kind": r["point"]} for r in records])
     if failed:
         lines += ["## Failed tasks", "", *(f"- {line}" for line in failed), ""]
