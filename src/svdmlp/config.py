@@ -79,7 +79,7 @@ class LoraSpec:
     """
 
     steps: int = 32
-    lr: float = 3e-4
+    lr: float = 1e-4
     seq_len: int = 512
 
     def __post_init__(self) -> None:

@@ -54,25 +54,24 @@ def down_grams(
     dense: tuple[Projection, Projection],
     compressed: tuple[Projection, Projection],
     activation: str,
+    dense_gram: torch.Tensor,
 ) -> DownGrams:
-    """Grams of ``h`` (dense gate/up) and ``h̃`` (compressed gate/up) over the MLP's ``inputs``.
+    """Grams ``H̃ᵀH̃`` and ``H̃ᵀH`` of ``h`` (dense gate/up) and ``h̃`` (compressed) over ``inputs``.
 
     Args:
         inputs: the MLP's calibration inputs, batches of ``(..., hidden)``.
         dense, compressed: ``(gate, up)`` as functions of ``x (tokens, hidden)`` in float32.
         activation: the gate nonlinearity (see :func:`svdmlp.backends.torch_ref.activate`).
+        dense_gram: ``HᵀH``, which calibration already accumulated as down's input Gram.
     """
-    grams = None
+    grams = DownGrams(*(torch.zeros_like(dense_gram) for _ in range(2)), dense=dense_gram)
     for batch in inputs:
         x = batch.detach().reshape(-1, batch.shape[-1]).float()
         h = activate(dense[0](x), activation) * dense[1](x)  # (tokens, inter)
         h_tilde = activate(compressed[0](x), activation) * compressed[1](x)
-        if grams is None:
-            grams = DownGrams(*(h.new_zeros(h.shape[1], h.shape[1], dtype=torch.float64) for _ in range(3)))
         accumulate_gram(grams.compressed, h_tilde)
         grams.cross += (h_tilde.T @ h).to(torch.float64)
-        accumulate_gram(grams.dense, h)
-    if grams is None:
+    if not inputs:
         raise ValueError("no calibration inputs reached this MLP")
     return grams
 

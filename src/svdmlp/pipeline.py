@@ -346,9 +346,8 @@ def _compress_layer(
         gram = None if grams is None else _input_gram(grams, name)
         healed = None
         if inputs is not None and name == "down":
-            healed = heal.compensating_down(
-                weight, _down_grams(model, spec, index, factors, inputs), rank, factors[name]
-            )
+            down_grams = _down_grams(model, spec, index, factors, inputs, gram)
+            healed = heal.compensating_down(weight, down_grams, rank, factors[name])
             factors[name] = healed.factors
         error = decompose.weighted_relative_error(weight, factors[name], gram)
         keep = decompose.kept_fraction(linear.in_features, linear.out_features, rank)
@@ -369,9 +368,9 @@ def _compress_layer(
     return LayerRecord(index, swap.mlp_name(spec, index), "compressed", projections=tuple(records))
 
 
-def _down_grams(model, spec, index, factors, inputs) -> heal.DownGrams:
+def _down_grams(model, spec, index, factors, inputs, dense_gram) -> heal.DownGrams:
     """Grams of down's inputs with the dense and with the (already factorised) gate and up."""
     weights = {name: swap.dense_projection(model, spec, index, name).weight for name in ("gate", "up")}
     dense = tuple(_projection(weights[name]) for name in ("gate", "up"))
     compressed = tuple(_projection(weights[name], factors.get(name)) for name in ("gate", "up"))
-    return heal.down_grams(inputs, dense, compressed, spec.activation)
+    return heal.down_grams(inputs, dense, compressed, spec.activation, dense_gram)
