@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import SAMPLE_TEXT, tiny_model
-from svdmlp import arch, calibrate, checkpoint, distill, pipeline
+from svdmlp import arch, calibrate, checkpoint, commands, distill, pipeline
 from svdmlp.cli import main
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 from svdmlp.modules import LowRankGatedMLP
@@ -137,3 +137,28 @@ def test_cli_heal_lora_reaches_the_checkpoint(model_dir, text_file, tmp_path, ca
 def test_cli_rejects_bad_heal_knobs(tmp_path, capsys):
     assert main(["compress", "--heal", "lora", "--heal-steps", "0", "--out", str(tmp_path / "x")]) == 2
     assert "lora steps must be an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_closed_form_then_lora(tokenizer):
+    config = CompressConfig(
+        keep=0.4,
+        align=8,
+        calibration=CALIB,
+        sequential=True,
+        heal="closed-form+lora",
+        lora=LoraSpec(4, 3e-3, 24),
+    )
+    assert config.heals_closed_form and config.heals_lora
+    report = pipeline.compress(
+        tiny_model("qwen3", initializer_range=0.1),
+        tokenizer,
+        config,
+        calibration_text=SAMPLE_TEXT,
+        progress=False,
+    )
+    healed = [p.name for layer in report.layers for p in layer.projections if p.heal_error_after is not None]
+    assert healed == ["down", "down"] and report.healing["steps"] == 4
+    lines = commands.heal_line(report).splitlines()
+    assert [line.split(":")[0] for line in lines] == ["healing (closed-form)", "healing (lora)"]
+    with pytest.raises(ValueError, match="heal 'closed-form\\+lora' needs sequential calibration"):
+        CompressConfig(heal="closed-form+lora")

@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="closed-form: fit each down projection to compensate the compressed gate/up (needs "
         "--sequential); lora: train the factors to match the dense model's next-token distribution "
-        "on calibration text (default none)",
+        "on calibration text; closed-form+lora: both (default none)",
     )
     p.add_argument(
         "--heal-steps", type=int, default=LoraSpec.steps, help="lora: training steps (default %(default)s)"

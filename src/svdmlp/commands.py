@@ -87,26 +87,27 @@ def layer_table(report: CompressionReport) -> str:
 
 
 def heal_line(report: CompressionReport) -> str:
-    """What healing changed, on the calibration data ("" when nothing was healed)."""
-    if report.healing:
-        h = report.healing
-        return (
-            f"healing (lora): {h['steps']} steps of {h['seq_len']} tokens in {h['seconds']:.1f} s; "
-            f"validation KL to the dense model {h['kl_before']:.4f} -> {h['kl_after']:.4f} nats/token"
-        )
+    """What healing changed, on the calibration data, one line per stage ("" when nothing was healed)."""
+    lines = []
     pairs = [
         (p.heal_error_before, p.heal_error_after)
         for layer in report.layers
         for p in layer.projections
         if p.heal_error_before is not None
     ]
-    if not pairs:
-        return ""
-    before, after = (sum(values) / len(pairs) for values in zip(*pairs, strict=True))
-    return (
-        f"healing (closed-form): mean error of down against the dense MLP output {before:.4f} -> "
-        f"{after:.4f} over {len(pairs)} matrices"
-    )
+    if pairs:
+        before, after = (sum(values) / len(pairs) for values in zip(*pairs, strict=True))
+        lines.append(
+            f"healing (closed-form): mean error of down against the dense MLP output {before:.4f} -> "
+            f"{after:.4f} over {len(pairs)} matrices"
+        )
+    if report.healing:
+        h = report.healing
+        lines.append(
+            f"healing (lora): {h['steps']} steps of {h['seq_len']} tokens in {h['seconds']:.1f} s; "
+            f"validation KL to the dense model {h['kl_before']:.4f} -> {h['kl_after']:.4f} nats/token"
+        )
+    return "\n".join(lines)
 
 
 def summary_line(report: CompressionReport) -> str:

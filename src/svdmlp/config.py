@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 FORMAT_VERSION = 1
 METHODS = ("whiten", "svd")
 ALLOCATIONS = ("uniform", "budget")
-HEALS = ("none", "closed-form", "lora")
+HEALS = ("none", "closed-form", "lora", "closed-form+lora")
 PROJECTIONS = ("gate", "up", "down")
 
 
@@ -114,7 +114,7 @@ class CompressConfig:
             by reduced-rank regression so that, fed by the compressed gate and up, it reproduces the
             dense MLP's output; see :mod:`svdmlp.heal`); or ``"lora"`` (after factorising, train the
             low-rank factors to match the dense model's next-token distribution on calibration
-            text; see :mod:`svdmlp.distill`).
+            text; see :mod:`svdmlp.distill`); or ``"closed-form+lora"``, both in that order.
         lora: steps, learning rate and window length of ``heal="lora"``.
     """
 
@@ -148,11 +148,11 @@ class CompressConfig:
         if self.method != "whiten" and self.sequential:
             # It acts on calibration activations, which plain SVD never collects.
             raise ValueError(f"sequential needs method 'whiten', got method {self.method!r}")
-        if self.heal == "closed-form" and not self.sequential:
+        if self.heals_closed_form and not self.sequential:
             # The refit needs the MLP's inputs themselves (the compressed gate/up outputs are a
             # nonlinear function of them), which only the layer-by-layer pass keeps.
-            raise ValueError("heal 'closed-form' needs sequential calibration (--sequential)")
-        if self.heal == "lora" and self.lora.steps < len(self.calibration.mixture):
+            raise ValueError(f"heal {self.heal!r} needs sequential calibration (--sequential)")
+        if self.heals_lora and self.lora.steps < len(self.calibration.mixture):
             raise ValueError(
                 f"lora steps ({self.lora.steps}) must be at least the number of calibration texts "
                 f"({len(self.calibration.mixture)}): each step trains on one window"
@@ -167,6 +167,14 @@ class CompressConfig:
             if not layers or any(not isinstance(i, int) or i < 0 for i in layers):
                 raise ValueError(f"layers must be a non-empty list of indices >= 0, got {layers}")
             object.__setattr__(self, "layers", tuple(sorted(set(layers))))
+
+    @property
+    def heals_closed_form(self) -> bool:
+        return "closed-form" in self.heal.split("+")
+
+    @property
+    def heals_lora(self) -> bool:
+        return "lora" in self.heal.split("+")
 
     @property
     def needs_calibration(self) -> bool:

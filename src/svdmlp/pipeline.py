@@ -170,9 +170,7 @@ def compress(
         calibration_info = calibration.info
 
     grams_used = bool(grams) or (config.sequential and bool(to_compress))
-    teacher = (
-        distill.DenseTeacher(model, spec, to_compress) if config.heal == "lora" and to_compress else None
-    )
+    teacher = distill.DenseTeacher(model, spec, to_compress) if config.heals_lora and to_compress else None
     factorising = time.perf_counter()
     planned = _plan_ranks(model, spec, config, to_compress, grams)
     done_by_index, sequential_calibration = {}, 0.0
@@ -255,7 +253,7 @@ def _compress_sequential(model, tokenizer, config, spec, planned, calibration_te
         windows,
         sorted(planned),
         compress_layer,
-        keep_inputs=config.heal == "closed-form",
+        keep_inputs=config.heals_closed_form,
         progress=progress,
     )
     info = {"tokens": windows.numel(), "sha256": calibrate.tokens_hash(windows), "sequential": True}
