@@ -128,7 +128,12 @@ def whitened_svd(weight: torch.Tensor, whitening: Whitening, rank: int) -> Facto
     into one thin product: two (in × in) GEMMs fewer than forming ``W·S`` and ``S⁻¹``.
     Singular values are split as √Σ like :func:`plain_svd`.
     """
-    rotated = _rotated(weight, whitening)  # A = W·Q·diag(r): (out, in)
+    return factor_rotated(_rotated(weight, whitening), whitening, rank)
+
+
+def factor_rotated(rotated: torch.Tensor, whitening: Whitening, rank: int) -> Factors:
+    """The rank-``rank`` factors of :func:`whitened_svd` from ``A = W·Q·diag(r)`` formed by the caller
+    (who may reach ``A`` more cheaply than through ``W``, see :mod:`svdmlp.heal`)."""
     # Float64 throughout: dividing by small roots below amplifies any SVD rounding (a float32 SVD
     # perturbed full-rank reconstructions by 1e-2 relative in low-activation directions).
     left, sigma, right_h = torch.linalg.svd(rotated, full_matrices=False)

@@ -25,7 +25,7 @@ import torch
 
 from svdmlp.backends.torch_ref import activate
 from svdmlp.calibrate import accumulate_gram
-from svdmlp.decompose import Factors, Whitening, whitened_svd
+from svdmlp.decompose import Factors, Whitening, factor_rotated
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 
@@ -88,12 +88,13 @@ def output_error(weight: torch.Tensor, factors: Factors, grams: DownGrams) -> fl
     return float((square.clamp(min=0) / target).sqrt())
 
 
-def regression_target(weight: torch.Tensor, grams: DownGrams, whitening: Whitening) -> torch.Tensor:
-    """``M₀ = W·Cᵀ·G⁻¹`` in float64, ``G⁻¹`` from the (floored) eigendecomposition of ``G``."""
+def rotated_target(weight: torch.Tensor, grams: DownGrams, whitening: Whitening) -> torch.Tensor:
+    """``M₀·Q·diag(r)`` for ``M₀ = W·Cᵀ·G⁻¹``, ``G = Q·diag(r²)·Qᵀ`` (floored): ``W·Cᵀ·Q·diag(1/r)``.
+
+    The input :func:`svdmlp.decompose.factor_rotated` wants, without ever forming ``G⁻¹``.
+    """
     w = weight.detach().to(torch.float64)
-    basis = whitening.basis
-    inverse = (basis / whitening.root.square()) @ basis.T
-    return w @ grams.cross.T @ inverse
+    return (w @ grams.cross.T @ whitening.basis) / whitening.root
 
 
 def compensating_down(weight: torch.Tensor, grams: DownGrams, rank: int, before: Factors) -> Healed:
@@ -106,7 +107,7 @@ def compensating_down(weight: torch.Tensor, grams: DownGrams, rank: int, before:
             as the fallback should rounding make the fit worse.
     """
     whitening = Whitening.from_gram(grams.compressed)
-    fitted = whitened_svd(regression_target(weight, grams, whitening), whitening, rank)
+    fitted = factor_rotated(rotated_target(weight, grams, whitening), whitening, rank)
     error_before = output_error(weight, before, grams)
     error_after = output_error(weight, fitted, grams)
     if error_after > error_before:
