@@ -140,3 +140,21 @@ def tiny_checkpoint(root, tokenizer, keep: float = 0.5):
         patch.setattr(torch.cuda, "is_available", lambda: False)
         assert main([str(a) for a in argv]) == 0
     return model_dir, text, ckpt
+
+
+def tiny_sweep_argv(model_dir, text, out, keep: str, method: str, score_text: bool = True) -> list[str]:
+    """``svdmlp sweep`` of ``model_dir`` on the CPU's smallest settings: calibration on ``text``
+    (4 windows of 32 tokens, ranks aligned to 8), 2 perplexity windows of 32 tokens on ``text``
+    too unless ``score_text`` is False (the caller then names what to score)."""
+    argv = ["sweep", model_dir, "--keep", keep, "--method", method]
+    argv += ["--text", text] if score_text else []
+    argv += ["--seq-len", "32", "--max-windows", "2", "--align", "8", "--calib", text]
+    argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--out", out]
+    return [str(a) for a in argv]
+
+
+def count_calls(monkeypatch, module, name: str) -> list:
+    """Wrap ``module.name`` so that each call appends to the returned list (then calls through)."""
+    calls, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls

@@ -29,23 +29,29 @@ def _assert_grams_close(actual: calibrate.LayerGrams, expected: calibrate.LayerG
     assert actual.tokens == expected.tokens
 
 
+def _recording_compressor(model, spec, seen: dict):
+    """A ``compress_layer`` callback that records its arguments in ``seen`` and compresses at rank 16."""
+
+    def compress_layer(index, grams, inputs):
+        seen[index] = (grams, inputs)
+        return pipeline._compress_layer(model, spec, index, {"gate": 16, "up": 16, "down": 16}, grams)
+
+    return compress_layer
+
+
 def test_layer_grams_match_hooks_on_a_manually_compressed_model(tokenizer):
     """Layer 1's Grams are those of the model whose layer 0 alone is compressed (computed by hooks)."""
     spec = arch.resolve("llama")
     windows = calibrate.token_windows(tokenizer, SAMPLE_TEXT, 4, 32, seed=0)
     seen = {}
     model = tiny_model("llama")
-
-    def compress_layer(index, grams, inputs):
-        seen[index] = grams
-        return pipeline._compress_layer(model, spec, index, {"gate": 16, "up": 16, "down": 16}, grams)
-
+    compress_layer = _recording_compressor(model, spec, seen)
     sequential.compress_layers(model, spec, windows, [0, 1], compress_layer, progress=False)
 
     reference = tiny_model("llama")
-    _assert_grams_close(seen[0], calibrate.collect_grams(reference, spec, windows, [0], progress=False)[0])
+    _assert_grams_close(seen[0][0], calibrate.collect_grams(reference, spec, windows, [0], progress=False)[0])
     _compress(reference, tokenizer, layers=(0,))  # one-shot on the dense model: layer 0 only
-    _assert_grams_close(seen[1], calibrate.collect_grams(reference, spec, windows, [1], progress=False)[1])
+    _assert_grams_close(seen[1][0], calibrate.collect_grams(reference, spec, windows, [1], progress=False)[1])
 
 
 @pytest.mark.parametrize("model_type", sorted(ARCH_CONFIGS))
@@ -79,11 +85,7 @@ def test_inputs_are_handed_over_for_closed_form_healing(tokenizer):
     windows = calibrate.token_windows(tokenizer, SAMPLE_TEXT, 4, 32, seed=0)
     seen = {}
     model = tiny_model("qwen2")
-
-    def compress_layer(index, grams, inputs):
-        seen[index] = (grams, inputs)
-        return pipeline._compress_layer(model, spec, index, {"gate": 16, "up": 16, "down": 16}, grams)
-
+    compress_layer = _recording_compressor(model, spec, seen)
     sequential.compress_layers(model, spec, windows, [0, 1], compress_layer, keep_inputs=True, progress=False)
     for grams, inputs in seen.values():
         assert sum(x.numel() // x.shape[-1] for x in inputs) == 4 * 32

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import SAMPLE_TEXT, save_tiny_llama
+from conftest import SAMPLE_TEXT, count_calls, save_tiny_llama, tiny_sweep_argv
 from svdmlp import pipeline
 from svdmlp.cli import main
 from svdmlp.evaluate import harness, tasks
@@ -25,21 +25,12 @@ def setup(tmp_path, tokenizer, monkeypatch):
     model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
     text = tmp_path / "text.txt"
     text.write_text(SAMPLE_TEXT, encoding="utf-8")
-    argv = ["sweep", model_dir, "--keep", "0.8,0.5", "--method", "whiten,svd", "--text", text]
-    argv += ["--seq-len", "32", "--max-windows", "2", "--align", "8", "--calib", text]
-    argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--out", tmp_path / "out"]
-    return [str(a) for a in argv], tmp_path / "out"
-
-
-def count_calls(monkeypatch, name: str) -> list:
-    calls, real = [], getattr(pipeline, name)
-    monkeypatch.setattr(pipeline, name, lambda *a, **k: calls.append(1) or real(*a, **k))
-    return calls
+    return tiny_sweep_argv(model_dir, text, tmp_path / "out", "0.8,0.5", "whiten,svd"), tmp_path / "out"
 
 
 def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, capsys):
     argv, out = setup
-    calibrations = count_calls(monkeypatch, "collect_calibration")
+    calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
     assert main(argv) == 0
     assert len(calibrations) == 1  # one Gram collection shared by both whitened keeps
     assert sorted(p.stem for p in (out / "points").iterdir()) == sorted(POINTS)
@@ -56,7 +47,7 @@ def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, c
     assert (out / "ppl-text.png").stat().st_size > 0
     first_report = report
 
-    compresses = count_calls(monkeypatch, "compress")
+    compresses = count_calls(monkeypatch, pipeline, "compress")
     assert main(argv) == 0
     assert compresses == [] and len(calibrations) == 1
     assert capsys.readouterr().out.count("finished earlier, skipped") == len(POINTS)

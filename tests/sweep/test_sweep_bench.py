@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import SAMPLE_TEXT, save_tiny_llama
+from conftest import SAMPLE_TEXT, count_calls, save_tiny_llama, tiny_sweep_argv
 from svdmlp import models, pipeline
 from svdmlp.bench import e2e
 from svdmlp.cli import main
@@ -39,9 +39,7 @@ def finished(tmp_path_factory, tokenizer):
         assert main(argv) == 0
         text = root / "text.txt"
         text.write_text(SAMPLE_TEXT, encoding="utf-8")
-        sweep = ["sweep", model_dir, "--keep", "0.8,0.5", "--method", "whiten", "--text", str(text)]
-        sweep += ["--seq-len", "32", "--max-windows", "2", "--align", "8", "--calib", str(text)]
-        sweep += ["--calib-samples", "4", "--calib-seq-len", "32", "--out", str(root / "out")]
+        sweep = tiny_sweep_argv(model_dir, text, root / "out", "0.8,0.5", "whiten")
         assert main(sweep) == 0
     torch.set_num_threads(threads)
     return SimpleNamespace(root=root, bench=bench, argv=sweep, out=root / "out", text=str(text))
@@ -49,12 +47,6 @@ def finished(tmp_path_factory, tokenizer):
 
 def records(out) -> list[dict]:
     return [json.loads((out / "points" / f"{p}.json").read_text()) for p in POINTS]
-
-
-def count_calls(monkeypatch, module, name: str) -> list:
-    calls, real = [], getattr(module, name)
-    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
-    return calls
 
 
 def test_rerun_with_bench_adds_speed_vs_quality_without_recomputing(finished, monkeypatch, capsys):

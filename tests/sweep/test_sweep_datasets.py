@@ -10,7 +10,7 @@ import shlex
 import pytest
 import torch
 
-from conftest import SAMPLE_TEXT, save_tiny_llama
+from conftest import SAMPLE_TEXT, save_tiny_llama, tiny_sweep_argv
 from svdmlp import commands
 from svdmlp.cli import main
 
@@ -33,10 +33,8 @@ def sweep_argv(tmp_path, tokenizer, monkeypatch):
     model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
     calib = tmp_path / "calib.txt"
     calib.write_text(SAMPLE_TEXT, encoding="utf-8")
-    argv = ["sweep", model_dir, "--keep", "0.5", "--method", "whiten"]
-    argv += ["--seq-len", "32", "--max-windows", "2", "--align", "8", "--calib", calib]
-    argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--out", tmp_path / "out"]
-    return [str(a) for a in argv], tmp_path / "out"
+    argv = tiny_sweep_argv(model_dir, calib, tmp_path / "out", "0.5", "whiten", score_text=False)
+    return argv, tmp_path / "out"
 
 
 def test_sweep_scores_a_dataset_from_its_local_copy(sweep_argv, wikitext, capsys):
