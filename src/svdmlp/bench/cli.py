@@ -108,7 +108,9 @@ def add_e2e_parser(benchmarks: argparse._SubParsersAction) -> None:
             "SmolLM2-135M) in float32. Compressed variants get random factors of the right ranks."
         ),
     )
-    parser.add_argument("model", nargs="?", default=None, help="model directory or hub id")
+    parser.add_argument(
+        "model", nargs="?", default=None, help="built-in model, .gguf file, model directory or hub id"
+    )
     parser.add_argument("--keep", default="0.8,0.6", help="comma-separated keeps (default 0.8,0.6)")
     parser.add_argument("--batch", default="1,16", help="comma-separated batch sizes (default 1,16)")
     parser.add_argument(

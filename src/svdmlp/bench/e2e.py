@@ -45,7 +45,7 @@ LLAMA_1B = {
 
 @dataclass(frozen=True)
 class E2EConfig:
-    """What to run. ``models`` entries are RANDOM_MODEL, a model directory, a hub id or None (default)."""
+    """What to run. ``models`` entries are RANDOM_MODEL, anything :func:`svdmlp.models.load_dense` takes, or None."""
 
     device: torch.device
     models: tuple[str | None, ...]

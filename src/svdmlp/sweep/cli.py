@@ -34,7 +34,7 @@ def add_sweep_parser(subparsers, add_perplexity_options, add_task_options, add_r
             "with --bench FILE added only rebuilds the report)."
         ),
     )
-    p.add_argument("model", nargs="?", default=None, help="model directory or hub id (default: built-in)")
+    p.add_argument("model", nargs="?", default=None, help="as for compress (default: smollm2-135m)")
     p.add_argument("--keep", type=_floats, default=(0.95, 0.9, 0.8, 0.7, 0.6), help="target keeps")
     p.add_argument("--method", type=_names, default=("whiten", "svd"), help="whiten, svd or both")
     p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
