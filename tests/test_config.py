@@ -105,3 +105,48 @@ def test_lora_spec_validation_and_round_trip():
         ValueError, match=r"lora steps \(1\) must be at least the number of calibration texts"
     ):
         CompressConfig(heal="lora", lora=LoraSpec(steps=1), calibration=CalibrationSpec("a,b"))
+
+
+@pytest.mark.parametrize(
+    "recipe, method, sequential, allocation, heal",
+    [
+        ("whiten", "whiten", False, "uniform", "none"),
+        ("svd", "svd", False, "uniform", "none"),
+        ("whiten+allocate", "whiten", False, "budget", "none"),
+        ("whiten+lora+closed-form+sequential", "whiten", True, "uniform", "closed-form+lora"),
+        ("svd+lora", "svd", False, "uniform", "lora"),
+    ],
+)
+def test_recipes_set_method_and_options(recipe, method, sequential, allocation, heal):
+    base = CompressConfig(keep=0.6, align=16, sequential=True, heal="closed-form")
+    config = base.with_recipe(recipe)
+    assert (config.method, config.sequential, config.allocation, config.heal) == (
+        method,
+        sequential,
+        allocation,
+        heal,
+    )
+    assert (config.keep, config.align) == (0.6, 16)  # everything else comes from the base
+
+
+@pytest.mark.parametrize(
+    "recipe, message",
+    [
+        ("whiten+fast", "must be METHOD\\[\\+OPTION...\\] with distinct options"),
+        ("whiten+lora+lora", "must be METHOD\\[\\+OPTION...\\] with distinct options"),
+        ("pca", "unknown method 'pca'"),
+        ("whiten+closed-form", "needs sequential calibration"),
+        ("svd+sequential", "sequential needs method 'whiten'"),
+    ],
+)
+def test_bad_recipes_name_the_problem(recipe, message):
+    with pytest.raises(ValueError, match=message):
+        CompressConfig().with_recipe(recipe)
+
+
+@pytest.mark.parametrize(
+    "recipe, needed",
+    [("whiten", True), ("svd", False), ("whiten+sequential", False), ("whiten+sequential+allocate", True)],
+)
+def test_dense_grams_are_needed_for_one_shot_factors_or_allocation(recipe, needed):
+    assert CompressConfig().with_recipe(recipe).needs_dense_grams is needed

@@ -66,6 +66,22 @@ def add_perplexity_options(parser: argparse.ArgumentParser, default_texts: str) 
     parser.add_argument("--batch-size", type=int, default=1)
 
 
+def add_lora_options(parser: argparse.ArgumentParser) -> None:
+    """The knobs of distillation healing ("lora"), shared by compress and sweep."""
+    parser.add_argument(
+        "--heal-steps", type=int, default=LoraSpec.steps, help="lora: training steps (default %(default)s)"
+    )
+    parser.add_argument(
+        "--heal-lr", type=float, default=LoraSpec.lr, help="lora: peak learning rate (default %(default)s)"
+    )
+    parser.add_argument(
+        "--heal-seq-len",
+        type=int,
+        default=LoraSpec.seq_len,
+        help="lora: tokens per step (default %(default)s)",
+    )
+
+
 def add_task_options(parser: argparse.ArgumentParser) -> None:
     """lm-eval zero-shot tasks (``eval`` and ``sweep``)."""
     parser.add_argument(
@@ -125,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--allocate",
         action="store_true",
-        help="experimental: allocate ranks across all matrices from their spectra under the --keep budget (default: uniform)",
+        help="experimental: allocate ranks across all matrices from their spectra under the --keep budget "
+        "(default: uniform)",
     )
     p.add_argument(
         "--sequential",
@@ -140,18 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sequential); lora: train the factors to match the dense model's next-token distribution "
         "on calibration text; closed-form+lora: both (default none)",
     )
-    p.add_argument(
-        "--heal-steps", type=int, default=LoraSpec.steps, help="lora: training steps (default %(default)s)"
-    )
-    p.add_argument(
-        "--heal-lr", type=float, default=LoraSpec.lr, help="lora: peak learning rate (default %(default)s)"
-    )
-    p.add_argument(
-        "--heal-seq-len",
-        type=int,
-        default=LoraSpec.seq_len,
-        help="lora: tokens per step (default %(default)s)",
-    )
+    add_lora_options(p)
     p.add_argument(
         "--save-dtype",
         choices=DTYPES,
@@ -204,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(commands)
     add_bench_parser(commands)
-    add_sweep_parser(commands, add_perplexity_options, add_task_options, _add_runtime_options)
+    add_sweep_parser(
+        commands, add_perplexity_options, add_task_options, add_lora_options, _add_runtime_options
+    )
     return parser
 
 

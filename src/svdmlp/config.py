@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 
 FORMAT_VERSION = 1
 METHODS = ("whiten", "svd")
 ALLOCATIONS = ("uniform", "budget")
 HEALS = ("none", "closed-form", "lora", "closed-form+lora")
+RECIPE_OPTIONS = ("sequential", "allocate", "closed-form", "lora")
 PROJECTIONS = ("gate", "up", "down")
 
 
@@ -179,6 +180,29 @@ class CompressConfig:
     @property
     def needs_calibration(self) -> bool:
         return self.method == "whiten"
+
+    @property
+    def needs_dense_grams(self) -> bool:
+        """Whether the dense model's Grams are used: one-shot factorising, or ranks allocated from them."""
+        return self.needs_calibration and (not self.sequential or self.allocation == "budget")
+
+    def with_recipe(self, recipe: str) -> CompressConfig:
+        """This config with a recipe's method and options, e.g. ``"whiten+sequential+closed-form+lora"``.
+
+        A recipe is ``METHOD[+OPTION...]`` with options from :data:`RECIPE_OPTIONS` in any order,
+        each at most once: how the sweep names the variants it compares at equal parameters.
+        """
+        method, *options = recipe.split("+")
+        unknown = sorted(set(options) - set(RECIPE_OPTIONS))
+        if unknown or len(set(options)) != len(options):
+            raise ValueError(
+                f"recipe {recipe!r} must be METHOD[+OPTION...] with distinct options from {RECIPE_OPTIONS}"
+            )
+        heal = "+".join(h for h in ("closed-form", "lora") if h in options) or "none"
+        allocation = "budget" if "allocate" in options else "uniform"
+        return replace(
+            self, method=method, sequential="sequential" in options, allocation=allocation, heal=heal
+        )
 
     def to_dict(self) -> dict:
         data = asdict(self)

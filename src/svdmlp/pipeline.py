@@ -159,8 +159,7 @@ def compress(
 
     grams, calibration_info = {}, {}
     calibrated = time.perf_counter()
-    dense_grams_needed = not config.sequential or config.allocation == "budget"
-    if config.needs_calibration and to_compress and dense_grams_needed:
+    if config.needs_dense_grams and to_compress:
         if calibration is None:
             calibration = _calibrate(model, tokenizer, config, spec, to_compress, calibration_text, progress)
         missing = sorted(set(to_compress) - set(calibration.grams))

@@ -80,3 +80,32 @@ def test_sweep_with_a_task_plots_accuracy_and_reports_failures(setup, tmp_path, 
     assert (out / "acc-tiny-mc.png").is_file() and "## Failed tasks" in report
     record = json.loads((out / "points" / "whiten-keep0.5.json").read_text())
     assert set(record["tasks"]["tiny_mc"]["metrics"]) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}
+
+
+def test_recipes_compare_methods_at_equal_parameters(tmp_path, tokenizer, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    out = tmp_path / "out"
+    recipes = "whiten+sequential+closed-form,whiten+lora,whiten+sequential"
+    argv = tiny_sweep_argv(model_dir, text, out, "0.5", recipes) + ["--heal-steps", "2"]
+    calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
+    assert main(argv) == 0
+    assert len(calibrations) == 1  # only whiten+lora factorises from the dense Grams
+    records = {p.stem: json.loads(p.read_text()) for p in (out / "points").iterdir()}
+    names = [f"{r}-keep0.5" for r in recipes.split(",")]
+    assert sorted(records) == sorted(["dense", *names])
+    assert len({records[n]["params"]["mlp"] for n in names}) == 1  # equal parameters
+    assert records["whiten+lora-keep0.5"]["timings"]["healing"] > 0
+    assert records["whiten+sequential-keep0.5"]["calibration"]["sequential"] is True
+    report = (out / "report.md").read_text()
+    assert f"--method {recipes}" in report and "--heal-steps 2 --heal-lr 0.0001 --heal-seq-len 512" in report
+
+
+def test_bad_recipe_is_refused_before_any_work(setup, capsys):
+    argv, out = setup
+    argv[argv.index("--method") + 1] = "whiten+closed-form"
+    assert main(argv) == 2
+    assert "heal 'closed-form' needs sequential calibration" in capsys.readouterr().err
+    assert not out.exists()

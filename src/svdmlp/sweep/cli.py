@@ -6,7 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from svdmlp.config import CalibrationSpec, CompressConfig
+from svdmlp.config import RECIPE_OPTIONS, CalibrationSpec, CompressConfig, LoraSpec
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -24,8 +24,10 @@ def _names(text: str) -> tuple[str, ...]:
 DEFAULT_TEXTS = ("shakespeare-heldout", "gsm8k")
 
 
-def add_sweep_parser(subparsers, add_perplexity_options, add_task_options, add_runtime_options) -> None:
-    """Add ``sweep [MODEL] --keep LIST --method LIST --out DIR`` (with eval's text, dataset and task options)."""
+def add_sweep_parser(
+    subparsers, add_perplexity_options, add_task_options, add_lora_options, add_runtime_options
+) -> None:
+    """Add ``sweep [MODEL] --keep LIST --method LIST --out DIR`` (with eval's and compress's shared options)."""
     p = subparsers.add_parser(
         "sweep",
         help="compress at several keeps and methods, evaluate each, write a Markdown report with plots",
@@ -36,7 +38,15 @@ def add_sweep_parser(subparsers, add_perplexity_options, add_task_options, add_r
     )
     p.add_argument("model", nargs="?", default=None, help="as for compress (default: smollm2-135m)")
     p.add_argument("--keep", type=_floats, default=(0.95, 0.9, 0.8, 0.7, 0.6), help="target keeps")
-    p.add_argument("--method", type=_names, default=("whiten", "svd"), help="whiten, svd or both")
+    p.add_argument(
+        "--method",
+        type=_names,
+        default=("whiten", "svd"),
+        metavar="RECIPE[,RECIPE]",
+        help="whiten, svd, or either followed by +OPTION for each of "
+        f"{', '.join(RECIPE_OPTIONS)} (compress's flags), e.g. whiten+sequential+closed-form+lora; "
+        "every recipe runs at every keep (default whiten,svd)",
+    )
     p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
     add_perplexity_options(p, " and ".join(DEFAULT_TEXTS) + " unless --dataset is given")
     p.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
@@ -49,6 +59,7 @@ def add_sweep_parser(subparsers, add_perplexity_options, add_task_options, add_r
         metavar="FILE",
         help="a `svdmlp bench e2e --json` file: the report adds decode speedup per keep next to perplexity",
     )
+    add_lora_options(p)
     add_task_options(p)
     add_runtime_options(p)
     p.set_defaults(func=run)
@@ -67,6 +78,7 @@ def run(args) -> int:
         align=args.align,
         calibration=CalibrationSpec(args.calib, args.calib_samples, args.calib_seq_len),
         seed=args.seed,
+        lora=LoraSpec(args.heal_steps, args.heal_lr, args.heal_seq_len),
     )
     # Unlike eval, tasks do not drop the default texts: a sweep's report is built around perplexity.
     texts = commands.eval_texts(args, DEFAULT_TEXTS)
@@ -100,6 +112,9 @@ def command_line(args, sources: list[str]) -> str:
         words += ["--batch-size", str(args.batch_size)]
     words += ["--align", str(args.align), "--calib", args.calib]
     words += ["--calib-samples", str(args.calib_samples), "--calib-seq-len", str(args.calib_seq_len)]
+    if any("lora" in recipe.split("+") for recipe in args.method):
+        words += ["--heal-steps", str(args.heal_steps), "--heal-lr", f"{args.heal_lr:g}"]
+        words += ["--heal-seq-len", str(args.heal_seq_len)]
     if args.tasks:
         words += ["--tasks", ",".join(args.tasks)]
         if args.include_path:

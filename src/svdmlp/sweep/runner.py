@@ -3,8 +3,8 @@
 Each finished point is one JSON file in ``OUT/points/``, written atomically, so an interrupted sweep
 resumes where it stopped and a finished one only rebuilds its report. A point file also records the
 sweep's settings; resuming with other settings is an error rather than a silently mixed report.
-The calibration Grams depend on the model, text and seed but not on keep, so they are collected once
-(the first whitened point that still has to run) and shared by every keep.
+The dense calibration Grams depend on the model, text and seed but not on keep or recipe, so they are
+collected once (by the first point that still has to run and uses them) and shared by every point.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from svdmlp.evaluate import suite
 
 @dataclass(frozen=True)
 class Point:
-    """One model of the sweep: ``dense``, or a method at a target keep."""
+    """One model of the sweep: ``dense``, or a recipe (see :meth:`CompressConfig.with_recipe`) at a keep."""
 
     method: str
     keep: float = 1.0
@@ -41,7 +41,7 @@ def plan(keeps: tuple[float, ...], methods: tuple[str, ...]) -> list[Point]:
     for keep in keeps:
         replace(CompressConfig(), keep=keep)  # the config's own checks name a bad keep
     for method in methods:
-        replace(CompressConfig(), method=method)
+        CompressConfig().with_recipe(method)  # names a bad recipe or an impossible combination
     return [Point("dense")] + [Point(m, k) for m in dict.fromkeys(methods) for k in dict.fromkeys(keeps)]
 
 
@@ -82,8 +82,8 @@ def run_sweep(
         if point.method == "dense":
             record.update(achieved_keep=1.0, compress_seconds=0.0, calibration={})
         else:
-            config = replace(base, keep=point.keep, method=point.method)
-            if config.needs_calibration and calibration is None:
+            config = replace(base.with_recipe(point.method), keep=point.keep)
+            if config.needs_dense_grams and calibration is None:
                 log(f"[{number}/{len(points)}] collecting calibration Grams once for every keep")
                 calibration = pipeline.collect_calibration(model, tokenizer, config)
             report = pipeline.compress(model, tokenizer, config, calibration=calibration)
