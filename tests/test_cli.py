@@ -97,6 +97,21 @@ def test_compress_prints_layer_table_and_summary(compressed, tmp_path, capsys):
     assert metadata["config"]["calibration"] == {"source": str(text), "num_samples": 4, "seq_len": 32}
 
 
+def test_compress_allocate_says_why_each_layer_got_its_rank(compressed, tmp_path, capsys):
+    model_dir, text, _ = compressed
+    out_dir = tmp_path / "out"
+    code, out, _ = run(
+        capsys, "compress", model_dir, "--keep", "0.5", "--allocate", "--calib", text, *TINY, "--out", out_dir
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].endswith("KL alone (nats/token) -> predicted")
+    assert " at rank 16 -> " in lines[2] and " at rank 16 -> " in lines[3]  # the rank rule at 0.5
+    assert "allocation " in out.splitlines()[-1]  # its own phase in the wall time
+    report = checkpoint.read_metadata(out_dir)["report"]
+    assert [layer["index"] for layer in report["allocation"]["layers"]] == [0, 1]
+
+
 def test_compress_overwrite(compressed, tmp_path, capsys):
     model_dir, text, ckpt = compressed
     out_dir = tmp_path / "ckpt"

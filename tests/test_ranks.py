@@ -1,10 +1,11 @@
+"""Rank allocation from measured per-layer divergences: budget, alignment, optimality."""
+
 import itertools
 
 import pytest
 import torch
 
 from svdmlp import ranks
-from svdmlp.decompose import kept_fraction
 
 
 def _spectrum(name, in_f, out_f, decay, seed=0):
@@ -14,67 +15,78 @@ def _spectrum(name, in_f, out_f, decay, seed=0):
     return ranks.Spectrum(name, in_f, out_f, energy.sort(descending=True).values)
 
 
-SPECTRA = [
-    _spectrum("flat", 64, 96, 0.5),
-    _spectrum("steep", 64, 96, 6.0, seed=1),
-    _spectrum("mid", 96, 64, 2.0, seed=2),
-    _spectrum("wide", 48, 160, 3.0, seed=3),
-]
+def _layer(index, decay, kl, reference=16, hidden=64, inter=96):
+    """A GLU MLP's gate, up (hidden -> inter) and down (inter -> hidden) with one spectrum shape."""
+    spectra = (
+        _spectrum(f"{index}.gate", hidden, inter, decay, seed=3 * index),
+        _spectrum(f"{index}.up", hidden, inter, decay, seed=3 * index + 1),
+        _spectrum(f"{index}.down", inter, hidden, decay, seed=3 * index + 2),
+    )
+    return ranks.LayerSensitivity(index, spectra, kl, reference)
+
+
+LAYERS = [_layer(0, 1.0, 0.30), _layer(1, 3.0, 0.02), _layer(2, 0.5, 0.05), _layer(3, 2.0, 0.01)]
+
+
+def _params(layers, allocation):
+    return sum(allocation[layer.index] * sum(s.block_params for s in layer.spectra) for layer in layers)
+
+
+def _predicted(layers, allocation):
+    return sum(layer.predicted_kl(allocation[layer.index]) for layer in layers)
 
 
 @pytest.mark.parametrize("keep", [0.3, 0.5, 0.8, 1.0])
 @pytest.mark.parametrize("align", [4, 8])
 def test_allocation_meets_the_budget_within_one_block_and_respects_alignment(keep, align):
-    allocated = ranks.allocate_ranks(SPECTRA, keep, align)
-    used = sum(allocated[s.name] * s.block_params for s in SPECTRA)
-    cheapest_block = min(align * s.block_params for s in SPECTRA)
-    assert used <= ranks.budget(SPECTRA, keep)
-    assert ranks.budget(SPECTRA, keep) - used < cheapest_block or all(
-        allocated[s.name] == s.max_rank(align) for s in SPECTRA
+    allocated = ranks.allocate_layer_ranks(LAYERS, keep, align)
+    used = _params(LAYERS, allocated)
+    assert used <= ranks.budget(LAYERS, keep)
+    assert ranks.budget(LAYERS, keep) - used < min(layer.block_cost(align) for layer in LAYERS) or all(
+        allocated[layer.index] == layer.max_rank(align) for layer in LAYERS
     )
-    for s in SPECTRA:
-        assert allocated[s.name] % align == 0 and align <= allocated[s.name] <= s.max_rank(align)
+    for layer in LAYERS:
+        assert allocated[layer.index] % align == 0 and align <= allocated[layer.index] <= layer.max_rank(
+            align
+        )
 
 
-def test_steep_spectra_get_fewer_ranks_than_flat_ones():
-    allocated = ranks.allocate_ranks(SPECTRA, 0.5, 8)
-    assert allocated["steep"] < allocated["flat"]
+def test_the_prediction_passes_through_the_measurement_and_falls_with_rank():
+    layer = LAYERS[0]
+    assert layer.predicted_kl(layer.reference_rank) == pytest.approx(layer.kl)
+    curve = [layer.predicted_kl(r) for r in range(8, 64, 8)]
+    assert curve == sorted(curve, reverse=True)
+    exact = ranks.LayerSensitivity(9, (ranks.Spectrum("9.gate", 64, 96, torch.zeros(64)),), 0.0, 16)
+    assert exact.predicted_kl(8) == 0.0  # nothing to lose: no division by a zero error
 
 
-def _total_error(spectra, allocation):
-    return sum(s.relative_error(allocation[s.name]) ** 2 for s in spectra)
+def test_a_more_sensitive_layer_gets_more_rank():
+    twins = [_layer(0, 1.0, 0.01), _layer(1, 1.0, 0.2)]
+    twins[1] = ranks.LayerSensitivity(1, twins[0].spectra, 0.2, 16)  # same spectra, 20x the measured KL
+    allocated = ranks.allocate_layer_ranks(twins, 0.4, 8)
+    assert allocated[1] > allocated[0]
 
 
-def test_allocation_beats_uniform_at_no_more_parameters():
-    for keep in (0.4, 0.6, 0.8):
-        uniform = ranks.uniform_ranks(SPECTRA, keep, 8)
-        uniform_params = sum(uniform[s.name] * s.block_params for s in SPECTRA)
-        keep_of_uniform = uniform_params / sum(s.in_features * s.out_features for s in SPECTRA)
-        allocated = ranks.allocate_ranks(SPECTRA, keep_of_uniform, 8)
-        assert sum(allocated[s.name] * s.block_params for s in SPECTRA) <= uniform_params
-        assert _total_error(SPECTRA, allocated) <= _total_error(SPECTRA, uniform) + 1e-12
+def test_allocation_is_never_predicted_worse_than_uniform_ranks():
+    for keep in (0.2, 0.3, 0.45):
+        uniform = {layer.index: 8 * round(keep * 64 * 96 / (160 * 8)) for layer in LAYERS}
+        allocated = ranks.allocate_layer_ranks(LAYERS, _params(LAYERS, uniform) / (4 * 3 * 64 * 96), 8)
+        assert _params(LAYERS, allocated) <= _params(LAYERS, uniform)
+        assert _predicted(LAYERS, allocated) <= _predicted(LAYERS, uniform) + 1e-12
 
 
 def test_greedy_is_optimal_on_small_cases_by_exhaustive_search():
-    small = [
-        _spectrum("a", 16, 24, 1.0),
-        _spectrum("b", 24, 16, 4.0, seed=1),
-        _spectrum("c", 16, 16, 2.0, seed=2),
-    ]
+    small = [_layer(0, 1.0, 0.3, hidden=16, inter=24), _layer(1, 4.0, 0.05, hidden=16, inter=24)]
+    small.append(_layer(2, 2.0, 0.1, hidden=16, inter=24))
     align, keep = 4, 0.6
     limit = ranks.budget(small, keep)
-    options = [range(align, s.max_rank(align) + 1, align) for s in small]
+    options = [range(align, layer.max_rank(align) + 1, align) for layer in small]
     best = min(
-        _total_error(small, dict(zip("abc", combo, strict=True)))
+        _predicted(small, dict(enumerate(combo)))
         for combo in itertools.product(*options)
-        if sum(r * s.block_params for r, s in zip(combo, small, strict=True)) <= limit
+        if _params(small, dict(enumerate(combo))) <= limit
     )
-    assert _total_error(small, ranks.allocate_ranks(small, keep, align)) == pytest.approx(best)
-
-
-def test_uniform_ranks_follow_the_rank_rule():
-    uniform = ranks.uniform_ranks(SPECTRA, 0.5, 8)
-    assert uniform["flat"] == 16 and kept_fraction(64, 96, 16) == pytest.approx(16 * 160 / 6144)
+    assert _predicted(small, ranks.allocate_layer_ranks(small, keep, align)) == pytest.approx(best)
 
 
 @pytest.mark.parametrize(
@@ -88,4 +100,9 @@ def test_uniform_ranks_follow_the_rank_rule():
 )
 def test_bad_input(keep, align, message):
     with pytest.raises(ValueError, match=message):
-        ranks.allocate_ranks(SPECTRA, keep, align)
+        ranks.allocate_layer_ranks(LAYERS, keep, align)
+
+
+def test_no_layers():
+    with pytest.raises(ValueError, match="no layers"):
+        ranks.allocate_layer_ranks([], 0.5, 8)

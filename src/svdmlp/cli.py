@@ -141,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--allocate",
         action="store_true",
-        help="experimental: allocate ranks across all matrices from their spectra under the --keep budget "
-        "(default: uniform)",
+        help="one rank per layer from measured sensitivity (the KL each layer alone causes at the rank "
+        "rule's rank), within the parameter budget of --keep (default: the rank rule everywhere)",
     )
     p.add_argument(
         "--sequential",

@@ -67,23 +67,29 @@ def compress(args) -> int:
 
 
 def layer_table(report: CompressionReport) -> str:
+    """One row per layer; with allocated ranks, also why: the KL the layer alone caused at the
+    reference rank, and the KL predicted at the rank it got."""
+    allocated = {layer["index"]: layer for layer in report.allocation.get("layers", [])}
     rows = []
     for layer in report.layers:
         if layer.status != "compressed":
-            rows.append([layer.index, f"skipped: {layer.reason}", "", "", ""])
+            rows.append([layer.index, f"skipped: {layer.reason}", "", "", ""] + [""] * bool(allocated))
             continue
         projections = layer.projections
-        rows.append(
-            [
-                layer.index,
-                "compressed",
-                "/".join(str(p.rank) for p in projections),
-                "/".join(f"{p.keep:.3f}" for p in projections),
-                "/".join(f"{p.error:.3f}" for p in projections),
-            ]
-        )
+        row = [
+            layer.index,
+            "compressed",
+            "/".join(str(p.rank) for p in projections),
+            "/".join(f"{p.keep:.3f}" for p in projections),
+            "/".join(f"{p.error:.3f}" for p in projections),
+        ]
+        if allocated:
+            why = allocated[layer.index]
+            row.append(f"{why['kl']:.4f} at rank {why['reference_rank']} -> {why['predicted_kl']:.4f}")
+        rows.append(row)
     names = "/".join(p.name for p in next((la.projections for la in report.layers if la.projections), ()))
-    return format_table(["layer", "status", f"rank {names}", "keep", f"error ({report.error_metric})"], rows)
+    header = ["layer", "status", f"rank {names}", "keep", f"error ({report.error_metric})"]
+    return format_table(header + ["KL alone (nats/token) -> predicted"] * bool(allocated), rows)
 
 
 def heal_line(report: CompressionReport) -> str:

@@ -106,8 +106,8 @@ class CompressConfig:
         targets: which projections of each MLP to factorise.
         layers: indices of decoder layers to compress; ``None`` means all of them.
         allocation: ``"uniform"`` (every matrix at the rank rule's rank for ``keep``) or
-            ``"budget"`` (ranks allocated across all matrices from their spectra so that together
-            they keep ``keep`` of the parameters; see :mod:`svdmlp.ranks`).
+            ``"budget"`` (one rank per layer, allocated from each layer's measured sensitivity so
+            that together they keep ``keep`` of the parameters; see :mod:`svdmlp.ranks`).
         sequential: calibrate each layer on the outputs of the already-compressed layers before
             it, so that it compensates their error (see :mod:`svdmlp.sequential`); otherwise every
             layer is calibrated on the dense model's activations.

@@ -53,12 +53,16 @@ class CompressionReport:
     # "activation-weighted" (‖(W − VU)Xᵀ‖/‖WXᵀ‖ on the calibration data) or, without calibration,
     # "weight-frobenius" (‖W − VU‖/‖W‖).
     error_metric: str = "activation-weighted"
-    # Wall seconds per phase ("calibration", "factorisation", "healing" if any); ``seconds`` is their
+    # Wall seconds per phase ("calibration", "factorisation", "allocation" and "healing" if any); ``seconds`` is their
     # total plus checks.
     timings: dict = field(default_factory=dict)
     # Distillation healing ("lora"): steps, lr, seq_len, tokens and their hash, seconds, validation
     # KL (nats/token, dense -> compressed) before and after; empty without it.
     healing: dict = field(default_factory=dict)
+    # Ranks allocated under the budget (--allocate): the probe tokens and their hash, seconds, and per
+    # layer the KL measured at the reference rank, the rank chosen and the KL predicted there; empty
+    # with uniform ranks.
+    allocation: dict = field(default_factory=dict)
 
     @property
     def achieved_keep(self) -> float:
@@ -87,6 +91,7 @@ class CompressionReport:
             error_metric=data.get("error_metric", "activation-weighted"),
             timings=data.get("timings", {}),
             healing=data.get("healing", {}),
+            allocation=data.get("allocation", {}),
         )
 
 
