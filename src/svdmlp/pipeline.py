@@ -264,8 +264,8 @@ def _compress_sequential(model, tokenizer, config, spec, planned, calibration_te
     return records, info, time.perf_counter() - started - factorising
 
 
-# Windows scored per layer to measure its sensitivity (--allocate), and their length at most: 512
-# tokens keep the 30 probes of SmolLM2 under a minute on two cores.
+# Windows scored per layer to measure its sensitivity (--allocate), and their length at most: the
+# 512 tokens per probe that the allocation was validated with on SmolLM2 (BENCHMARKS.md).
 SENSITIVITY_WINDOWS = 2
 SENSITIVITY_SEQ_LEN = 256
 
