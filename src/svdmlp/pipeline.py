@@ -302,43 +302,32 @@ def _allocate_ranks(model, tokenizer, spec, config, shapes, grams, calibration_t
         )
         for i in indices
     }
-    whitenings: dict[int, dict] = {i: {} for i in indices}
-
-    def whitening(index: int, name: str) -> decompose.Whitening | None:
-        return _whitening(grams.get(index), name, whitenings[index])
+    spectra: dict[int, tuple[ranks.Spectrum, ...]] = {}
 
     def factorise(index: int) -> dict[str, decompose.Factors]:
-        factors = {}
+        """The probe's factors at the reference rank, keeping the layer's spectra on the way (its
+        whitenings, up to intermediate² floats each, live only while the layer is probed)."""
+        whitenings, factors, layer_spectra = {}, {}, []
         for name in config.targets:
-            weight, white = shapes[index, name].weight, whitening(index, name)
+            linear = shapes[index, name]
+            white = _whitening(grams.get(index), name, whitenings)
             rank = reference[index]
             factors[name] = (
-                decompose.plain_svd(weight, rank)
+                decompose.plain_svd(linear.weight, rank)
                 if white is None
-                else decompose.whitened_svd(weight, white, rank)
+                else decompose.whitened_svd(linear.weight, white, rank)
             )
+            energy = decompose.energy_spectrum(linear.weight, white)
+            layer_spectra.append(
+                ranks.Spectrum(f"{index}.{name}", linear.in_features, linear.out_features, energy)
+            )
+        spectra[index] = tuple(layer_spectra)
         return factors
 
     seq_len = min(SENSITIVITY_SEQ_LEN, config.calibration.seq_len)
     windows = _windows(tokenizer, config, calibration_text, SENSITIVITY_WINDOWS, seq_len, config.seed + 3)
     divergences = sensitivity.layer_divergences(model, spec, windows, factorise, indices, progress)
-    layers = [
-        ranks.LayerSensitivity(
-            index,
-            tuple(
-                ranks.Spectrum(
-                    f"{index}.{name}",
-                    shapes[index, name].in_features,
-                    shapes[index, name].out_features,
-                    decompose.energy_spectrum(shapes[index, name].weight, whitening(index, name)),
-                )
-                for name in config.targets
-            ),
-            divergences[index],
-            reference[index],
-        )
-        for index in indices
-    ]
+    layers = [ranks.LayerSensitivity(i, spectra[i], divergences[i], reference[i]) for i in indices]
     allocated = ranks.allocate_layer_ranks(layers, config.keep, config.align)
     info = {
         "method": "measured-sensitivity",
