@@ -14,6 +14,8 @@ def test_builtin_names_aliases_and_groups():
     assert (shape.hidden, shape.intermediate, shape.layers) == (2048, 8192, 16)
     (qwen,) = resolve_shapes("Qwen3-8B")
     assert (qwen.hidden, qwen.intermediate, qwen.layers, qwen.model_type) == (4096, 12288, 36, "qwen3")
+    (coder,) = resolve_shapes("qwen2.5-coder-0.5b")  # svdmlp's second built-in model
+    assert (coder.hidden, coder.intermediate, coder.layers) == (896, 4864, 24)
 
 
 def test_local_model_directory(tmp_path):

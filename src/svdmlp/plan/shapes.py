@@ -51,7 +51,13 @@ SMALL_MODELS: tuple[MLPShape, ...] = (
 )
 
 BUILTIN: dict[str, MLPShape] = {shape.name: shape for shape in PAPER_MODELS + SMALL_MODELS}
-ALIASES = {"default": "smollm2-135m", "smollm2-135m-instruct": "smollm2-135m"}
+# The built-in models of svdmlp.models share these shapes (Qwen2.5-Coder-0.5B is Qwen2.5-0.5B's).
+ALIASES = {
+    "default": "smollm2-135m",
+    "smollm2-135m-instruct": "smollm2-135m",
+    "qwen2.5-coder-0.5b": "qwen2.5-0.5b",
+    "qwen2.5-coder-0.5b-instruct": "qwen2.5-0.5b",
+}
 # A name that stands for a group of models.
 GROUPS = {"paper": tuple(shape.name for shape in PAPER_MODELS)}
 
