@@ -79,6 +79,19 @@ def test_half_precision_factors_train_through_float32_masters(tokenizer):
             assert parameter.dtype == torch.bfloat16 and not torch.equal(parameter, before[name])
 
 
+def test_healing_that_raises_the_validation_kl_is_reverted(tokenizer):
+    model, teacher, _ = _compressed("llama", tokenizer)
+    factors = {n: p.detach().clone() for n, p in model.named_parameters() if "mlp" in n}
+    train, validation = _windows(tokenizer, 4, 1), _windows(tokenizer, 2, 2)
+    result = distill.distill(model, teacher, train, validation, LoraSpec(4, 0.3, 32), progress=False)
+    assert result.reverted and result.kl_after > result.kl_before  # the step was far too large
+    assert result.to_dict()["reverted"] is True
+    for name, parameter in model.named_parameters():
+        if name in factors:
+            assert torch.equal(parameter, factors[name]), name
+    assert distill.validation_kl(model, teacher, validation) == pytest.approx(result.kl_before)
+
+
 def test_divergence_is_a_clear_error(tokenizer):
     model, teacher, _ = _compressed("llama", tokenizer)
     mlp = next(m for m in model.modules() if isinstance(m, LowRankGatedMLP))

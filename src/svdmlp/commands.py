@@ -112,6 +112,7 @@ def heal_line(report: CompressionReport) -> str:
         lines.append(
             f"healing (lora): {h['steps']} steps of {h['seq_len']} tokens in {h['seconds']:.1f} s; "
             f"validation KL to the dense model {h['kl_before']:.4f} -> {h['kl_after']:.4f} nats/token"
+            + ("; it rose, so the factors from before healing were kept" if h.get("reverted") else "")
         )
     return "\n".join(lines)
 

@@ -73,7 +73,8 @@ class DistillResult:
     tokens: int
     seconds: float
     kl_before: float
-    kl_after: float
+    kl_after: float  # of the trained factors, also when they were reverted
+    reverted: bool = False  # the validation KL rose, so the factors from before healing were put back
 
     def to_dict(self) -> dict:
         return {
@@ -82,6 +83,7 @@ class DistillResult:
             "seconds": self.seconds,
             "kl_before": self.kl_before,
             "kl_after": self.kl_after,
+            "reverted": self.reverted,
         }
 
 
@@ -160,7 +162,8 @@ def distill(
 
     Args:
         windows: training tokens ``(steps, seq_len)``.
-        validation: a few other windows on which the KL is measured before and after.
+        validation: a few other windows on which the KL is measured before and after; if it rose,
+            the factors from before healing are put back (and the result says so).
 
     Raises:
         ValueError: if the model has no low-rank modules, or the loss stops being finite.
@@ -170,6 +173,7 @@ def distill(
     started = time.perf_counter()
     device = next(model.parameters()).device
     kl_before = validation_kl(model, teacher, validation)
+    before = [p.detach().clone() for m in _lowrank_modules(model) for p in m.parameters()]
     was_training = model.training
     model.eval()  # deterministic forward (no dropout) for both student and teacher
     with _trainable_factors(model) as pairs:
@@ -200,10 +204,18 @@ def distill(
                         parameter.copy_(master)
             bar.set_postfix(kl=f"{loss.item():.4f}")
     model.train(was_training)
+    kl_after = validation_kl(model, teacher, validation)
+    reverted = kl_after > kl_before
+    if reverted:  # healing must never leave the model further from the dense one than it found it
+        with torch.no_grad():
+            parameters = [p for m in _lowrank_modules(model) for p in m.parameters()]
+            for parameter, saved in zip(parameters, before, strict=True):
+                parameter.copy_(saved)
     return DistillResult(
         steps=spec.steps,
         tokens=spec.steps * windows.shape[1],
         seconds=time.perf_counter() - started,
         kl_before=kl_before,
-        kl_after=validation_kl(model, teacher, validation),
+        kl_after=kl_after,
+        reverted=reverted,
     )
