@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from conftest import ARCH_CONFIGS, SAMPLE_TEXT, tiny_model
+from conftest import ARCH_CONFIGS, SAMPLE_TEXT, count_calls, tiny_model
 from svdmlp import arch, calibrate, decompose, pipeline
 from svdmlp.config import CalibrationSpec, CompressConfig
 from svdmlp.modules import LowRankGatedMLP, LowRankLinear
@@ -115,11 +115,14 @@ def test_empty_calibration_text_is_an_error(tokenizer):
 
 
 @pytest.mark.parametrize("method", ["whiten", "svd"])
-def test_budget_allocation_meets_the_budget_from_measured_divergences(tokenizer, method):
+def test_budget_allocation_meets_the_budget_from_measured_divergences(tokenizer, method, monkeypatch):
     uniform = _compress(tiny_model("qwen3"), tokenizer, method=method, keep=0.5)
     params = uniform.params_after["mlp"]
     keep = params / uniform.params_before["mlp"]  # the same parameter count as the uniform ranks
+    eigendecompositions = count_calls(monkeypatch, decompose.Whitening, "from_gram")
     allocated = _compress(tiny_model("qwen3"), tokenizer, method=method, keep=keep, allocation="budget")
+    # Each Gram is decomposed once, for the probe, and its whitening reused by the compression.
+    assert len(eigendecompositions) == (2 * 2 if method == "whiten" else 0)
     assert allocated.params_after["mlp"] <= params
     assert params - allocated.params_after["mlp"] < 3 * 8 * 160  # within one layer block of align 8
     info = allocated.allocation

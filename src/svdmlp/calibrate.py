@@ -9,13 +9,13 @@ keep the activations themselves.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from svdmlp import arch
+from svdmlp import arch, decompose
 
 
 def token_windows(tokenizer, text: str, num_samples: int, seq_len: int, seed: int) -> torch.Tensor:
@@ -80,11 +80,28 @@ def tokens_hash(tokens: torch.Tensor) -> str:
 
 @dataclass
 class LayerGrams:
-    """Float64 Gram matrices of one MLP's inputs: ``gate_up`` (hidden²) and ``down`` (inter²)."""
+    """Float64 Gram matrices of one MLP's inputs: ``gate_up`` (hidden²) and ``down`` (inter²).
+
+    Each Gram's whitening is computed once, when first asked for, and kept with it: the allocation
+    probe and the compression of a layer, and every keep of a sweep, share one eigendecomposition
+    (25 s for Qwen2.5-0.5B's 4864² down Gram on 2 cores), at the price of holding it beside the Gram.
+    """
 
     gate_up: torch.Tensor
     down: torch.Tensor
     tokens: int = 0
+    _whitenings: dict[str, decompose.Whitening] = field(default_factory=dict, repr=False, compare=False)
+
+    def input_gram(self, projection: str) -> torch.Tensor:
+        """The Gram of ``projection``'s input: gate and up read the MLP's input, down its own."""
+        return self.down if projection == "down" else self.gate_up
+
+    def whitening(self, projection: str) -> decompose.Whitening:
+        """The whitening of ``projection``'s input (gate and up share one)."""
+        key = "down" if projection == "down" else "gate_up"
+        if key not in self._whitenings:
+            self._whitenings[key] = decompose.Whitening.from_gram(self.input_gram(projection))
+        return self._whitenings[key]
 
     @classmethod
     def zeros(cls, hidden: int, inter: int, device) -> LayerGrams:

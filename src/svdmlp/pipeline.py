@@ -48,8 +48,8 @@ class Calibration:
     """The activation Grams of the layers to compress and the hash of the tokens that made them.
 
     They depend on the model, the calibration text and seed, not on keep: a sweep over keep collects
-    them once with :func:`collect_calibration` and passes them to every :func:`compress` (the
-    forward passes are most of a whitened compression's time).
+    them once with :func:`collect_calibration` and passes them to every :func:`compress`, which
+    then shares the forward passes and each Gram's eigendecomposition (kept with it) across keeps.
     """
 
     grams: dict[int, calibrate.LayerGrams]
@@ -306,11 +306,12 @@ def _allocate_ranks(model, tokenizer, spec, config, shapes, grams, calibration_t
 
     def factorise(index: int) -> dict[str, decompose.Factors]:
         """The probe's factors at the reference rank, keeping the layer's spectra on the way (its
-        whitenings, up to intermediate² floats each, live only while the layer is probed)."""
-        whitenings, factors, layer_spectra = {}, {}, []
+        whitenings stay with its Grams for the compression that follows)."""
+        factors, layer_spectra = {}, []
+        layer_grams = grams.get(index)
         for name in config.targets:
             linear = shapes[index, name]
-            white = _whitening(grams.get(index), name, whitenings)
+            white = None if layer_grams is None else layer_grams.whitening(name)
             factors[name] = _factorise(linear.weight, white, reference[index])
             energy = decompose.energy_spectrum(linear.weight, white)
             layer_spectra.append(
@@ -344,26 +345,11 @@ def _allocate_ranks(model, tokenizer, spec, config, shapes, grams, calibration_t
     return {i: dict.fromkeys(config.targets, allocated[i]) for i in indices}, info
 
 
-def _whitening(grams: calibrate.LayerGrams | None, name: str, cache: dict) -> decompose.Whitening | None:
-    """The whitening of projection ``name``'s input; gate and up share one (one eigendecomposition)."""
-    if grams is None:
-        return None
-    gram = _input_gram(grams, name)
-    if id(gram) not in cache:
-        cache[id(gram)] = decompose.Whitening.from_gram(gram)
-    return cache[id(gram)]
-
-
 def _factorise(weight: torch.Tensor, whitening: decompose.Whitening | None, rank: int) -> decompose.Factors:
     """Whitened SVD when there is calibration, plain SVD otherwise."""
     if whitening is None:
         return decompose.plain_svd(weight, rank)
     return decompose.whitened_svd(weight, whitening, rank)
-
-
-def _input_gram(grams: calibrate.LayerGrams, name: str) -> torch.Tensor:
-    """The Gram of projection ``name``'s input: gate and up read the MLP's input, down its own."""
-    return grams.down if name == "down" else grams.gate_up
 
 
 def _projection(weight: torch.Tensor, factors: decompose.Factors | None = None):
@@ -388,12 +374,12 @@ def _compress_layer(
     With the MLP's calibration ``inputs`` (closed-form healing), down is fitted last so that it
     compensates the error of the compressed gate and up (see :mod:`svdmlp.heal`).
     """
-    factors, records, whitenings = {}, [], {}
+    factors, records = {}, []
     for name, rank in ranks_by_name.items():
         linear = swap.dense_projection(model, spec, index, name)
         weight = linear.weight
-        factors[name] = _factorise(weight, _whitening(grams, name, whitenings), rank)
-        gram = None if grams is None else _input_gram(grams, name)
+        factors[name] = _factorise(weight, None if grams is None else grams.whitening(name), rank)
+        gram = None if grams is None else grams.input_gram(name)
         healed = None
         if inputs is not None and name == "down":
             down_grams = _down_grams(model, spec, index, factors, inputs, gram)

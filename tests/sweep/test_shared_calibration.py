@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import SAMPLE_TEXT, tiny_model
-from svdmlp import pipeline
+from conftest import SAMPLE_TEXT, count_calls, tiny_model
+from svdmlp import decompose, pipeline
 from svdmlp.config import CalibrationSpec, CompressConfig
 
 
@@ -14,14 +14,18 @@ def _config(keep: float) -> CompressConfig:
     return CompressConfig(keep=keep, align=8, calibration=CalibrationSpec("unused", 4, 32))
 
 
-def test_precomputed_calibration_matches_a_full_compress(tokenizer):
+def test_precomputed_calibration_matches_a_full_compress(tokenizer, monkeypatch):
     calibration = pipeline.collect_calibration(
         tiny_model("llama"), tokenizer, _config(0.9), SAMPLE_TEXT, progress=False
     )
     for keep in (0.7, 0.5):
         fresh, shared = tiny_model("llama"), tiny_model("llama")
         expected = pipeline.compress(fresh, tokenizer, _config(keep), SAMPLE_TEXT, progress=False)
+        eigendecompositions = count_calls(monkeypatch, decompose.Whitening, "from_gram")
         report = pipeline.compress(shared, tokenizer, _config(keep), progress=False, calibration=calibration)
+        # Two Grams per layer, decomposed by the first keep only and kept for the next.
+        assert len(eigendecompositions) == (4 if keep == 0.7 else 0)
+        monkeypatch.undo()
         assert report.calibration == expected.calibration == calibration.info
         assert report.layers == expected.layers
         for (name, a), (_, b) in zip(fresh.state_dict().items(), shared.state_dict().items(), strict=True):
