@@ -117,6 +117,20 @@ def test_error_falls_as_rank_grows():
     assert errors == sorted(errors, reverse=True)
 
 
+def test_one_decomposition_gives_every_rank_and_its_error_spectrum():
+    w, gram = _random_weight(), _correlated_gram(40)
+    whitening = decompose.Whitening.from_gram(gram, floor=0.0)
+    decomposition = decompose.Decomposition.of(w, whitening)
+    energy = decomposition.energy
+    for rank in (5, 17):
+        factors = decomposition.factors(rank)
+        assert factors.rank == rank and factors.u.dtype == torch.float32
+        # The tail of the spectrum is the activation-weighted truncation error.
+        expected = (energy[rank:].sum() / energy.sum()).sqrt()
+        error = decompose.weighted_relative_error(w, factors, gram)
+        assert error == pytest.approx(float(expected), rel=1e-4)
+
+
 def test_singular_gram_is_floored_not_fatal():
     # Rank-deficient inputs (dead channels): Cholesky would fail; the eigenvalue floor must not.
     g = torch.Generator().manual_seed(2)

@@ -63,16 +63,6 @@ class Factors:
         return self.u.shape[0]
 
 
-def plain_svd(weight: torch.Tensor, rank: int) -> Factors:
-    """Truncated SVD of W with the singular values split as √Σ on each side (the paper's code)."""
-    w = weight.detach().to(torch.float64)
-    left, sigma, right_h = torch.linalg.svd(w, full_matrices=False)  # (out,k), (k,), (k,in)
-    root = sigma[:rank].sqrt()
-    v = left[:, :rank] * root  # (out, r)
-    u = root[:, None] * right_h[:rank]  # (r, in)
-    return Factors(u=u.float(), v=v.float())
-
-
 @dataclass(frozen=True)
 class Whitening:
     """The symmetric square root ``S = Q·diag(r)·Qᵀ`` of a Gram matrix ``XᵀX``, kept factored.
@@ -110,12 +100,49 @@ def _rotated(weight: torch.Tensor, whitening: Whitening | None) -> torch.Tensor:
     return w if whitening is None else (w @ whitening.basis) * whitening.root
 
 
-def energy_spectrum(weight: torch.Tensor, whitening: Whitening | None) -> torch.Tensor:
-    """Squared singular values of ``W·S`` (of ``W`` without whitening), descending, float64.
+@dataclass(frozen=True)
+class Decomposition:
+    """The SVD of ``W·S`` (of ``W`` itself without whitening): factors at any rank and the energy
+    spectrum, all from one SVD (rank allocation needs both for the same matrix)."""
 
-    The truncation error of rank r, activation-weighted when whitened, is the sum of the tail.
-    """
-    return torch.linalg.svdvals(_rotated(weight, whitening)).square()
+    left: torch.Tensor  # (out, k)
+    sigma: torch.Tensor  # (k,), descending
+    right_h: torch.Tensor  # (k, in), in the whitening's basis when whitened
+    whitening: Whitening | None = None
+
+    @classmethod
+    def of(cls, weight: torch.Tensor, whitening: Whitening | None = None) -> Decomposition:
+        return cls.of_rotated(_rotated(weight, whitening), whitening)
+
+    @classmethod
+    def of_rotated(cls, rotated: torch.Tensor, whitening: Whitening | None) -> Decomposition:
+        """From ``A = W·Q·diag(r)`` formed by the caller (who may reach ``A`` more cheaply than
+        through ``W``, see :mod:`svdmlp.heal`)."""
+        # Float64 throughout: dividing by small roots in factors() amplifies any SVD rounding (a
+        # float32 SVD perturbed full-rank reconstructions by 1e-2 relative in low-activation directions).
+        left, sigma, right_h = torch.linalg.svd(rotated, full_matrices=False)
+        return cls(left, sigma, right_h, whitening)
+
+    @property
+    def energy(self) -> torch.Tensor:
+        """Squared singular values, descending: the truncation error of rank r, activation-weighted
+        when whitened, is the sum of the tail."""
+        return self.sigma.square()
+
+    def factors(self, rank: int) -> Factors:
+        """The rank-``rank`` truncation with the singular values split as √Σ on each side (the
+        paper's code), mapped back through ``S⁻¹ = Q·diag(1/r)·Qᵀ`` when whitened."""
+        scale = self.sigma[:rank].sqrt()
+        v = self.left[:, :rank] * scale  # (out, r)
+        u = scale[:, None] * self.right_h[:rank]  # (r, in)
+        if self.whitening is not None:
+            u = (u / self.whitening.root) @ self.whitening.basis.T
+        return Factors(u=u.float(), v=v.float())
+
+
+def plain_svd(weight: torch.Tensor, rank: int) -> Factors:
+    """Truncated SVD of W (float64), the rank-``rank`` factors minimising ``‖W − V·U‖_F``."""
+    return Decomposition.of(weight).factors(rank)
 
 
 def whitened_svd(weight: torch.Tensor, whitening: Whitening, rank: int) -> Factors:
@@ -126,21 +153,8 @@ def whitened_svd(weight: torch.Tensor, whitening: Whitening, rank: int) -> Facto
     calibration activations. ``Qᵀ`` is orthogonal, so the SVD of ``A = W·Q·diag(r)`` gives that of
     ``W·S = A·Qᵀ`` (right singular vectors rotated by ``Qᵀ``), and ``S⁻¹ = Q·diag(1/r)·Qᵀ`` folds
     into one thin product: two (in × in) GEMMs fewer than forming ``W·S`` and ``S⁻¹``.
-    Singular values are split as √Σ like :func:`plain_svd`.
     """
-    return factor_rotated(_rotated(weight, whitening), whitening, rank)
-
-
-def factor_rotated(rotated: torch.Tensor, whitening: Whitening, rank: int) -> Factors:
-    """The rank-``rank`` factors of :func:`whitened_svd` from ``A = W·Q·diag(r)`` formed by the caller
-    (who may reach ``A`` more cheaply than through ``W``, see :mod:`svdmlp.heal`)."""
-    # Float64 throughout: dividing by small roots below amplifies any SVD rounding (a float32 SVD
-    # perturbed full-rank reconstructions by 1e-2 relative in low-activation directions).
-    left, sigma, right_h = torch.linalg.svd(rotated, full_matrices=False)
-    scale = sigma[:rank].sqrt()
-    v = left[:, :rank] * scale  # (out, r)
-    u = ((scale[:, None] * right_h[:rank]) / whitening.root) @ whitening.basis.T  # (r, in)
-    return Factors(u=u.float(), v=v.float())
+    return Decomposition.of(weight, whitening).factors(rank)
 
 
 def weighted_relative_error(weight: torch.Tensor, factors: Factors, gram: torch.Tensor | None) -> float:

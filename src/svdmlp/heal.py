@@ -25,7 +25,7 @@ import torch
 
 from svdmlp.backends.torch_ref import activate
 from svdmlp.calibrate import accumulate_gram
-from svdmlp.decompose import Factors, Whitening, factor_rotated
+from svdmlp.decompose import Decomposition, Factors, Whitening
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 
@@ -91,7 +91,7 @@ def output_error(weight: torch.Tensor, factors: Factors, grams: DownGrams) -> fl
 def rotated_target(weight: torch.Tensor, grams: DownGrams, whitening: Whitening) -> torch.Tensor:
     """``M₀·Q·diag(r)`` for ``M₀ = W·Cᵀ·G⁻¹``, ``G = Q·diag(r²)·Qᵀ`` (floored): ``W·Cᵀ·Q·diag(1/r)``.
 
-    The input :func:`svdmlp.decompose.factor_rotated` wants, without ever forming ``G⁻¹``.
+    The input :meth:`svdmlp.decompose.Decomposition.of_rotated` wants, without ever forming ``G⁻¹``.
     """
     w = weight.detach().to(torch.float64)
     return (w @ grams.cross.T @ whitening.basis) / whitening.root
@@ -107,7 +107,7 @@ def compensating_down(weight: torch.Tensor, grams: DownGrams, rank: int, before:
             as the fallback should rounding make the fit worse.
     """
     whitening = Whitening.from_gram(grams.compressed)
-    fitted = factor_rotated(rotated_target(weight, grams, whitening), whitening, rank)
+    fitted = Decomposition.of_rotated(rotated_target(weight, grams, whitening), whitening).factors(rank)
     error_before = output_error(weight, before, grams)
     error_after = output_error(weight, fitted, grams)
     if error_after > error_before:

@@ -312,10 +312,12 @@ def _allocate_ranks(model, tokenizer, spec, config, shapes, grams, calibration_t
         for name in config.targets:
             linear = shapes[index, name]
             white = None if layer_grams is None else layer_grams.whitening(name)
-            factors[name] = _factorise(linear.weight, white, reference[index])
-            energy = decompose.energy_spectrum(linear.weight, white)
+            decomposition = decompose.Decomposition.of(linear.weight, white)
+            factors[name] = decomposition.factors(reference[index])
             layer_spectra.append(
-                ranks.Spectrum(f"{index}.{name}", linear.in_features, linear.out_features, energy)
+                ranks.Spectrum(
+                    f"{index}.{name}", linear.in_features, linear.out_features, decomposition.energy
+                )
             )
         spectra[index] = tuple(layer_spectra)
         return factors
@@ -345,13 +347,6 @@ def _allocate_ranks(model, tokenizer, spec, config, shapes, grams, calibration_t
     return {i: dict.fromkeys(config.targets, allocated[i]) for i in indices}, info
 
 
-def _factorise(weight: torch.Tensor, whitening: decompose.Whitening | None, rank: int) -> decompose.Factors:
-    """Whitened SVD when there is calibration, plain SVD otherwise."""
-    if whitening is None:
-        return decompose.plain_svd(weight, rank)
-    return decompose.whitened_svd(weight, whitening, rank)
-
-
 def _projection(weight: torch.Tensor, factors: decompose.Factors | None = None):
     """``x -> x·Wᵀ`` (or ``x·Uᵀ·Vᵀ`` with factors) in float32, for :func:`svdmlp.heal.down_grams`."""
     if factors is None:
@@ -378,7 +373,8 @@ def _compress_layer(
     for name, rank in ranks_by_name.items():
         linear = swap.dense_projection(model, spec, index, name)
         weight = linear.weight
-        factors[name] = _factorise(weight, None if grams is None else grams.whitening(name), rank)
+        whitening = None if grams is None else grams.whitening(name)
+        factors[name] = decompose.Decomposition.of(weight, whitening).factors(rank)
         gram = None if grams is None else grams.input_gram(name)
         healed = None
         if inputs is not None and name == "down":
