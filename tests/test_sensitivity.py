@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import VOCAB, tiny_model
-from svdmlp import decompose, pipeline, sensitivity, swap
+from svdmlp import arch, decompose, pipeline, sensitivity, swap
 
 NAMES = ("gate", "up", "down")
 
@@ -54,6 +54,12 @@ def test_divergence_of_each_layer_matches_a_hand_computation(model_type):
         assert measured[index] == pytest.approx(expected, rel=1e-3, abs=1e-7)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, before[name]), name  # every weight put back exactly
+    assert _computes_again(model, spec)
+
+
+def _computes_again(model, spec) -> bool:
+    """No decoder layer is left replaying recorded outputs: each runs its own forward again."""
+    return all("forward" not in vars(layer) for layer in arch.decoder_layers(model, spec))
 
 
 def test_exact_factors_cost_nothing():
@@ -70,6 +76,7 @@ def test_weights_are_put_back_when_the_probe_fails():
     good = _truncated(model, spec, 8)(0)
     broken = {"gate": good["gate"], "up": good["down"], "down": good["down"]}  # up gets down's shape
     with pytest.raises(RuntimeError):
-        sensitivity.layer_divergences(model, spec, windows, lambda index: broken, [0], progress=False)
+        sensitivity.layer_divergences(model, spec, windows, lambda index: broken, [1], progress=False)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, before[name]), name
+    assert _computes_again(model, spec)
