@@ -80,7 +80,7 @@ class LoraSpec:
     """
 
     steps: int = 32
-    lr: float = 1e-4
+    lr: float = 3e-5
     seq_len: int = 512
 
     def __post_init__(self) -> None:
