@@ -53,15 +53,12 @@ def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, c
     assert capsys.readouterr().out.count("finished earlier, skipped") == len(POINTS)
     assert (out / "report.md").read_text() == first_report
 
-    # No recipe here heals by distillation, so its knobs are no part of the sweep's identity: points
-    # written when they were recorded (and with other values) still count as finished.
-    assert "lora" not in records["dense"]["sweep"]["compress"]
-    older = out / "points" / "svd-keep0.5.json"
-    record = json.loads(older.read_text())
-    record["sweep"]["compress"]["lora"] = {"steps": 32, "lr": 0.0001, "seq_len": 512}
-    older.write_text(json.dumps(record))
+    # No point here heals by distillation, so other healing knobs (a new default, say) change none of
+    # them; and the dense point depends on no compression setting at all.
     assert main(argv + ["--heal-lr", "0.5"]) == 0
     assert compresses == []
+    assert main(argv + ["--calib-samples", "2", "--keep", "0.3", "--method", "svd"]) == 0
+    assert len(compresses) == 1  # svd-keep0.3 only: the dense point is reused under other calibration
 
 
 def test_resume_refuses_other_settings(setup, capsys):
@@ -111,8 +108,7 @@ def test_recipes_compare_methods_at_equal_parameters(tmp_path, tokenizer, monkey
     assert records["whiten+sequential-keep0.5"]["calibration"]["sequential"] is True
     report = (out / "report.md").read_text()
     assert f"--method {recipes}" in report and "--heal-steps 2 --heal-lr 3e-05 --heal-seq-len 512" in report
-    assert records["dense"]["sweep"]["compress"]["lora"]["steps"] == 2
-    assert main(argv[:-1] + ["3"]) == 2  # the healing knobs matter here: other steps are another sweep
+    assert main(argv[:-1] + ["3"]) == 2  # other healing steps: the whiten+lora point is another one
     assert "was made with other compress" in capsys.readouterr().err
 
 

@@ -61,7 +61,7 @@ def run_sweep(
         "model": model_name or models.DEFAULT_MODEL,
         "texts": [name for name, _ in texts],
         "settings": settings.to_dict(),
-        "compress": _compress_identity(base, points),
+        "compress": {k: v for k, v in base.to_dict().items() if k not in ("keep", "method")},
         "dtype": str(dtype).removeprefix("torch."),
     }
     folder = out / "points"
@@ -72,7 +72,7 @@ def run_sweep(
         path = folder / f"{point.name}.json"
         if path.is_file():
             record = json.loads(path.read_text())
-            _check_same_sweep(path, record["sweep"], identity)
+            _check_same_sweep(path, _relevant(record["sweep"], point), _relevant(identity, point))
             log(f"[{number}/{len(points)}] {point.name}: finished earlier, skipped")
             records.append(record)
             continue
@@ -109,18 +109,18 @@ def run_sweep(
     return records
 
 
-def _compress_identity(base: CompressConfig, points: list[Point]) -> dict:
-    """The compression settings every point shares: keep and method vary by point, and the healing
-    knobs count only when some recipe heals by distillation (so a new default for them leaves
-    earlier sweeps without it resumable)."""
-    heals = any(base.with_recipe(p.method).heals_lora for p in points if p.method != "dense")
-    dropped = ("keep", "method") if heals else ("keep", "method", "lora")
-    return {k: v for k, v in base.to_dict().items() if k not in dropped}
+def _relevant(identity: dict, point: Point) -> dict:
+    """The settings a point's numbers depend on: no compression setting for the dense model, and the
+    healing knobs only for a recipe that distils. A finished point is reused whenever these match, so
+    a dense point serves any sweep of the same texts, and a new healing default leaves the others."""
+    if point.method == "dense":
+        return {k: v for k, v in identity.items() if k != "compress"}
+    if CompressConfig().with_recipe(point.method).heals_lora:
+        return identity
+    return {**identity, "compress": {k: v for k, v in identity["compress"].items() if k != "lora"}}
 
 
 def _check_same_sweep(path: Path, found: dict, expected: dict) -> None:
-    if "lora" not in expected["compress"]:  # points written before the rule above recorded it
-        found = {**found, "compress": {k: v for k, v in found.get("compress", {}).items() if k != "lora"}}
     for key in expected:
         if found.get(key) != expected[key]:
             raise ValueError(
