@@ -92,15 +92,20 @@ class LayerGrams:
     tokens: int = 0
     _whitenings: dict[str, decompose.Whitening] = field(default_factory=dict, repr=False, compare=False)
 
+    @staticmethod
+    def _input_of(projection: str) -> str:
+        """Which Gram ``projection`` reads: gate and up read the MLP's input, down its own."""
+        return "down" if projection == "down" else "gate_up"
+
     def input_gram(self, projection: str) -> torch.Tensor:
-        """The Gram of ``projection``'s input: gate and up read the MLP's input, down its own."""
-        return self.down if projection == "down" else self.gate_up
+        """The Gram of ``projection``'s input."""
+        return getattr(self, self._input_of(projection))
 
     def whitening(self, projection: str) -> decompose.Whitening:
         """The whitening of ``projection``'s input (gate and up share one)."""
-        key = "down" if projection == "down" else "gate_up"
+        key = self._input_of(projection)
         if key not in self._whitenings:
-            self._whitenings[key] = decompose.Whitening.from_gram(self.input_gram(projection))
+            self._whitenings[key] = decompose.Whitening.from_gram(getattr(self, key))
         return self._whitenings[key]
 
     @classmethod

@@ -168,12 +168,13 @@ def distill(
     Raises:
         ValueError: if the model has no low-rank modules, or the loss stops being finite.
     """
-    if not _lowrank_modules(model):
+    factors = [p for m in _lowrank_modules(model) for p in m.parameters()]
+    if not factors:
         raise ValueError("nothing to heal: the model has no low-rank MLP modules")
     started = time.perf_counter()
     device = next(model.parameters()).device
     kl_before = validation_kl(model, teacher, validation)
-    before = [p.detach().clone() for m in _lowrank_modules(model) for p in m.parameters()]
+    before = [p.detach().clone() for p in factors]
     was_training = model.training
     model.eval()  # deterministic forward (no dropout) for both student and teacher
     with _trainable_factors(model) as pairs:
@@ -208,8 +209,7 @@ def distill(
     reverted = kl_after > kl_before
     if reverted:  # healing must never leave the model further from the dense one than it found it
         with torch.no_grad():
-            parameters = [p for m in _lowrank_modules(model) for p in m.parameters()]
-            for parameter, saved in zip(parameters, before, strict=True):
+            for parameter, saved in zip(factors, before, strict=True):
                 parameter.copy_(saved)
     return DistillResult(
         steps=spec.steps,

@@ -308,11 +308,9 @@ def _allocate_ranks(model, tokenizer, spec, config, shapes, grams, calibration_t
         """The probe's factors at the reference rank, keeping the layer's spectra on the way (its
         whitenings stay with its Grams for the compression that follows)."""
         factors, layer_spectra = {}, []
-        layer_grams = grams.get(index)
         for name in config.targets:
             linear = shapes[index, name]
-            white = None if layer_grams is None else layer_grams.whitening(name)
-            decomposition = decompose.Decomposition.of(linear.weight, white)
+            decomposition = _decomposition(linear.weight, grams.get(index), name)
             factors[name] = decomposition.factors(reference[index])
             layer_spectra.append(
                 ranks.Spectrum(
@@ -347,6 +345,13 @@ def _allocate_ranks(model, tokenizer, spec, config, shapes, grams, calibration_t
     return {i: dict.fromkeys(config.targets, allocated[i]) for i in indices}, info
 
 
+def _decomposition(
+    weight: torch.Tensor, grams: calibrate.LayerGrams | None, name: str
+) -> decompose.Decomposition:
+    """Whitened by projection ``name``'s input Gram when the layer has calibration, plain otherwise."""
+    return decompose.Decomposition.of(weight, None if grams is None else grams.whitening(name))
+
+
 def _projection(weight: torch.Tensor, factors: decompose.Factors | None = None):
     """``x -> x·Wᵀ`` (or ``x·Uᵀ·Vᵀ`` with factors) in float32, for :func:`svdmlp.heal.down_grams`."""
     if factors is None:
@@ -373,8 +378,7 @@ def _compress_layer(
     for name, rank in ranks_by_name.items():
         linear = swap.dense_projection(model, spec, index, name)
         weight = linear.weight
-        whitening = None if grams is None else grams.whitening(name)
-        factors[name] = decompose.Decomposition.of(weight, whitening).factors(rank)
+        factors[name] = _decomposition(weight, grams, name).factors(rank)
         gram = None if grams is None else grams.input_gram(name)
         healed = None
         if inputs is not None and name == "down":
