@@ -171,6 +171,8 @@ def write_report(out: Path, records: list[dict], command: str, bench: speed.Benc
         f"(align {sweep['compress']['align']}).",
         f"- Perplexity: {suite.EvalSettings(**sweep['settings']).protocol(sweep['dtype'], 'the CPU')}.",
         f"- Calibration (whiten): {_calibration(sweep['compress'])}" + _calibration_hash(records) + ".",
+        "- compress s: wall seconds of compression when the point ran; a resumed sweep's points may come from "
+        "runs on differently loaded machines, and within one run the keeps after the first reuse its whitenings.",
         "",
         _table(records, texts, tasks),
         "",
