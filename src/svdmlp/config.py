@@ -79,7 +79,7 @@ class LoraSpec:
     decay to zero.
     """
 
-    steps: int = 32
+    steps: int = 48
     lr: float = 3e-5
     seq_len: int = 512
 
