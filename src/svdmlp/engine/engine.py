@@ -9,8 +9,9 @@ whose write position is a device tensor (transformers' ``StaticLayer``), and the
 selected on the device and written back into the input buffer. On CUDA that step is captured
 once as a CUDA graph (per batch size, cache length and sampling mode) and replayed per token, so a
 token costs one graph launch instead of hundreds of kernel launches. The host only syncs every
-``sync_every`` tokens to stream them out and check stop tokens. On a CPU the same step runs
-eagerly: there is no launch overhead to remove.
+``sync_every`` tokens to stream them out and check stop tokens. Without graphs (on a CPU) the same
+step runs eagerly over a growing cache, as Hugging Face ``generate`` does: there is no launch overhead
+to remove, and a static cache only costs attention over (and copies into) slots not yet written.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import Cache, StaticLayer
+from transformers.cache_utils import Cache, DynamicCache, StaticLayer
 
 from svdmlp.cuda_graphs import capture_graph
 from svdmlp.engine.batch import PromptBatch, left_pad
@@ -73,7 +74,7 @@ def static_cache(config, cache_len: int, batch: int, dtype: torch.dtype, device:
 class _Session:
     """Static state for one (batch size, cache length): cache, input buffers, noise, captured steps."""
 
-    cache: Cache
+    cache: Cache  # static with graphs; without them a growing one, replaced at every prefill
     ids: torch.Tensor  # (B, 1) the token fed to the next step; the step overwrites it with its output
     positions: torch.Tensor  # (B, 1) rotary position of that token (real tokens only)
     mask: torch.Tensor  # (B, cache_len) 0 on left-pad slots, 1 elsewhere (causality masks the future)
@@ -216,7 +217,7 @@ class Engine:
             self._session = None  # free the old cache before allocating the new one
             device = self.device
             self._session = _Session(
-                cache=static_cache(self.model.config, cache_len, batch, self.dtype, device),
+                cache=self._new_cache(cache_len, batch),
                 ids=torch.zeros(batch, 1, dtype=torch.long, device=device),
                 positions=torch.zeros(batch, 1, dtype=torch.long, device=device),
                 mask=torch.ones(batch, cache_len, dtype=torch.long, device=device),
@@ -225,12 +226,20 @@ class Engine:
             self._session_key = (batch, cache_len)
         return self._session
 
+    def _new_cache(self, cache_len: int, batch: int) -> Cache:
+        if self.graphs:
+            return static_cache(self.model.config, cache_len, batch, self.dtype, self.device)
+        return DynamicCache(config=self.model.config)
+
     def _forward_last(self, session: _Session, input_ids, position_ids) -> torch.Tensor:
         """Logits of the last position (B, V), writing this forward's keys and values to the cache."""
+        mask = session.mask
+        if not self.graphs:  # a growing cache wants the mask of the slots written so far
+            mask = mask[:, : session.cache.get_seq_length() + input_ids.shape[1]]
         output = self.model(
             input_ids=input_ids,
             position_ids=position_ids,
-            attention_mask=session.mask,
+            attention_mask=mask,
             past_key_values=session.cache,
             use_cache=True,
             logits_to_keep=1,
@@ -265,7 +274,10 @@ class Engine:
         self, session: _Session, batch: PromptBatch, sampling: Sampling, generator: torch.Generator
     ) -> torch.Tensor:
         """Reset the session, run the prompts through the model, select and feed the first new token."""
-        session.cache.reset()
+        if self.graphs:
+            session.cache.reset()
+        else:
+            session.cache = self._new_cache(session.mask.shape[1], batch.size)
         session.mask.fill_(1)
         session.mask[:, : batch.width] = batch.mask
         logits = self._forward_last(session, batch.input_ids, batch.positions)
