@@ -19,7 +19,6 @@ import os
 import shutil
 import tempfile
 from datetime import datetime, timezone
-from importlib.metadata import version
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ from svdmlp import arch, modules, swap
 from svdmlp.config import CompressConfig
 from svdmlp.paths import file_sha256
 from svdmlp.report import CompressionReport
+from svdmlp.versions import installed_versions
 
 METADATA_FILE = "svdmlp.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -75,7 +75,7 @@ def save(
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "versions": {pkg: version(pkg) for pkg in ("svdmlp", "torch", "transformers", "safetensors")},
+            "versions": installed_versions(("svdmlp", "torch", "transformers", "safetensors")),
             "base_model": base_model,
             "model_type": model.config.model_type,
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),

@@ -3,18 +3,12 @@
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import platform
 from pathlib import Path
 
 import torch
 
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+from svdmlp.versions import installed_versions
 
 
 def cache_bytes(device: torch.device) -> int:
@@ -56,6 +50,6 @@ def describe(device: torch.device) -> dict:
         "device": hardware,
         "machine": platform.platform(),
         "python": platform.python_version(),
-        "versions": {"torch": torch.__version__, "triton": _version("triton"), "svdmlp": _version("svdmlp")},
+        "versions": {"torch": torch.__version__, **installed_versions(("triton", "svdmlp"))},
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -8,11 +8,11 @@ reproducible: the protocol line, versions, seed and the definition of keep.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
 from svdmlp.evaluate import harness, perplexity
+from svdmlp.versions import installed_versions
 
 KEEP_DEFINITION = (
     "keep = fraction of MLP parameters kept, r*(in+out)/(in*out) per matrix; "
@@ -99,12 +99,7 @@ def failures(rows: list[dict]) -> list[str]:
 
 def provenance(settings: EvalSettings, dtype: torch.dtype, device: str) -> dict:
     """What a JSON result records besides its numbers, so that it can be reproduced and compared."""
-    versions = {}
-    for package in ("svdmlp", "torch", "transformers", "lm_eval"):
-        try:
-            versions[package] = version(package)
-        except PackageNotFoundError:
-            versions[package] = None
+    versions = installed_versions(("svdmlp", "torch", "transformers", "lm_eval"))
     return {
         "protocol": settings.protocol(dtype, device),
         "settings": settings.to_dict(),
