@@ -10,7 +10,7 @@ from svdmlp import versions
 
 def test_installed_and_missing_packages():
     found = versions.installed_versions(("torch", "no-such-package-svdmlp-test"))
-    assert found["torch"] == torch.__version__
+    assert torch.__version__.startswith(found["torch"])  # metadata may lack the local tag (+cpu, +cu130)
     assert found["no-such-package-svdmlp-test"] is None
 
 
