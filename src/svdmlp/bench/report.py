@@ -101,7 +101,8 @@ def plot(report: dict, path: Path) -> None:
     """Speedup over dense vs M, one panel per keep, one line per model.
 
     Solid: the fused path (or the unfused PyTorch path where there is no fused one); dashed: the
-    unfused path when the fused one is shown; dotted grey: the ideal floor ratio, averaged.
+    unfused path when the fused one is shown; dotted, in the model's colour: its ideal (the floor
+    ratio), which differs between models because aligned ranks round each one's keep differently.
     """
     import matplotlib
 
@@ -129,9 +130,11 @@ def plot(report: dict, path: Path) -> None:
                 ]
                 if dashed:
                     ax.plot(*zip(*dashed, strict=True), linestyle="--", color=color, alpha=0.6)
+            if mine:
+                ideal = [(row["m"], row["speedup"]["ideal"]) for row in mine]
+                ax.plot(*zip(*ideal, strict=True), linestyle=":", color=color, alpha=0.8)
         if rows:
-            ideal = sum(row["speedup"]["ideal"] for row in rows) / len(rows)
-            ax.axhline(ideal, color="grey", linestyle=":", label=f"ideal {ideal:.2f}x")
+            ax.plot([], [], linestyle=":", color="grey", label="ideal (floor ratio)")
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("tokens M")
