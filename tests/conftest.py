@@ -73,6 +73,33 @@ def tiny_model(model_type: str, seed: int = 0, **overrides) -> torch.nn.Module:
     return model.eval()
 
 
+def untied_model(model_type: str, **overrides) -> torch.nn.Module:
+    """A tiny model with untied embeddings: tied tiny Gemmas only ever repeat the last prompt token,
+    which makes a generation test vacuous."""
+    return tiny_model(model_type, tie_word_embeddings=False, **overrides)
+
+
+def hf_greedy(model, prompts: list[list[int]], new: int, stop=None) -> list[list[int]]:
+    """Hugging Face greedy continuations, left-padded as the engine pads, cut after a stop token."""
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=new,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=stop,
+    )
+    rows = []
+    for row in out[:, width:].tolist():
+        if stop is not None and stop in row:
+            row = row[: row.index(stop) + 1]
+        rows.append(row)
+    return rows
+
+
 @pytest.fixture(autouse=True)
 def _one_thread(request):
     """Tiny matrices gain nothing from threads, and OpenMP spinning on a busy 2-core box costs up to

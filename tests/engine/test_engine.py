@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ARCH_CONFIGS, tiny_model
+from conftest import ARCH_CONFIGS, hf_greedy, untied_model
 from svdmlp import pipeline
 from svdmlp.config import CalibrationSpec, CompressConfig
 from svdmlp.engine import Engine
@@ -14,48 +14,22 @@ PROMPT = [5, 17, 42, 99, 7, 3]
 NEW = 16
 
 
-def hf_greedy(model, prompts: list[list[int]], new: int, stop=None) -> list[list[int]]:
-    """Hugging Face greedy continuations, left-padded as the engine pads, cut after a stop token."""
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=new,
-        do_sample=False,
-        pad_token_id=0,
-        eos_token_id=stop,
-    )
-    rows = []
-    for row in out[:, width:].tolist():
-        if stop is not None and stop in row:
-            row = row[: row.index(stop) + 1]
-        rows.append(row)
-    return rows
-
-
-def model_of(model_type: str, **overrides):
-    # Untied embeddings: tied tiny Gemmas only ever repeat the last prompt token, a vacuous test.
-    return tiny_model(model_type, tie_word_embeddings=False, **overrides)
-
-
 @pytest.mark.parametrize("model_type", sorted(ARCH_CONFIGS))
 def test_greedy_equals_hf_generate(model_type):
-    model = model_of(model_type)
+    model = untied_model(model_type)
     expected = hf_greedy(model, [PROMPT], NEW)
     assert Engine(model).generate([PROMPT], NEW).tokens == expected
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "gemma2", "gemma3_text"])
 def test_sliding_window_shorter_than_the_text_equals_hf(model_type):
-    model = model_of(model_type, sliding_window=4)
+    model = untied_model(model_type, sliding_window=4)
     assert Engine(model).generate([PROMPT], NEW).tokens == hf_greedy(model, [PROMPT], NEW)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma2"])
 def test_compressed_model_equals_its_hf_reference(model_type, tokenizer, text_file):
-    model = model_of(model_type)
+    model = untied_model(model_type)
     config = CompressConfig(keep=0.5, align=8, calibration=CalibrationSpec(str(text_file), 4, 32))
     pipeline.compress(model, tokenizer, config, progress=False)
     assert Engine(model).generate([PROMPT], NEW).tokens == hf_greedy(model, [PROMPT], NEW)
@@ -63,7 +37,7 @@ def test_compressed_model_equals_its_hf_reference(model_type, tokenizer, text_fi
 
 @pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
 def test_batch_of_different_lengths_equals_single_runs(model_type):
-    model = model_of(model_type)
+    model = untied_model(model_type)
     prompts = [PROMPT, [9, 8], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [300]]
     engine = Engine(model)
     batched = engine.generate(prompts, NEW).tokens
@@ -72,7 +46,7 @@ def test_batch_of_different_lengths_equals_single_runs(model_type):
 
 
 def test_stop_tokens_cut_each_row():
-    model = model_of("llama")
+    model = untied_model("llama")
     engine = Engine(model)
     free = engine.generate([PROMPT, [9, 8]], NEW).tokens
     stop = free[0][3]
@@ -84,14 +58,14 @@ def test_stop_tokens_cut_each_row():
 
 
 def test_all_rows_stopped_ends_decoding_early():
-    engine = Engine(model_of("llama"))
+    engine = Engine(untied_model("llama"))
     first = engine.generate([PROMPT], 1).tokens[0][0]
     result = engine.generate([PROMPT], NEW, stop_tokens=[first])
     assert result.tokens == [[first]] and result.decode_steps == 0
 
 
 def test_streaming_delivers_every_token_in_order():
-    engine = Engine(model_of("qwen2"), sync_every=3)
+    engine = Engine(untied_model("qwen2"), sync_every=3)
     chunks = []
     result = engine.generate([PROMPT, [4, 4]], 10, on_tokens=chunks.append)
     for row in range(2):
@@ -100,7 +74,7 @@ def test_streaming_delivers_every_token_in_order():
 
 
 def test_sampling_is_reproducible_and_seeded():
-    engine = Engine(model_of("llama"))
+    engine = Engine(untied_model("llama"))
     options = {"temperature": 1.5, "seed": 7}
     first = engine.generate([PROMPT, PROMPT], 24, options).tokens
     assert engine.generate([PROMPT, PROMPT], 24, options).tokens == first
@@ -110,14 +84,14 @@ def test_sampling_is_reproducible_and_seeded():
 
 @pytest.mark.parametrize("options", [{"top_k": 1}, {"top_p": 1e-6}, {"top_k": 3, "top_p": 1e-6}])
 def test_top_k_one_or_tiny_top_p_is_greedy(options):
-    engine = Engine(model_of("qwen3"))
+    engine = Engine(untied_model("qwen3"))
     greedy = engine.generate([PROMPT, [9, 8]], NEW).tokens
     sampled = engine.generate([PROMPT, [9, 8]], NEW, {"temperature": 2.0, "seed": 3, **options}).tokens
     assert sampled == greedy
 
 
 def test_top_k_restricts_the_first_token_to_the_k_most_likely():
-    model = model_of("llama")
+    model = untied_model("llama")
     with torch.no_grad():
         top3 = set(model(torch.tensor([PROMPT])).logits[0, -1].topk(3).indices.tolist())
     engine = Engine(model)
@@ -146,14 +120,14 @@ def test_top_k_restricts_the_first_token_to_the_k_most_likely():
     ],
 )
 def test_bad_input_is_a_clear_value_error(kwargs, message):
-    engine = Engine(model_of("llama"))
+    engine = Engine(untied_model("llama"))
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         engine.generate(**kwargs)
     assert engine.generate([PROMPT], 2).tokens  # the engine still works afterwards
 
 
 def test_bad_engine_options_are_value_errors():
-    model = model_of("llama")
+    model = untied_model("llama")
     with pytest.raises(ValueError, match="max_batch"):
         Engine(model, max_batch=65)
     with pytest.raises(ValueError, match="graphs=True needs a model on CUDA"):

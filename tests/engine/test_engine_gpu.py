@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_model
+from conftest import untied_model
 from svdmlp import pipeline
 from svdmlp.config import CalibrationSpec, CompressConfig
 from svdmlp.engine import Engine
@@ -20,7 +20,7 @@ PROMPTS = [[5, 17, 42, 99, 7, 3], [9, 8], [300, 1, 2]]
 
 
 def cuda_model(model_type: str):
-    return tiny_model(model_type, tie_word_embeddings=False).cuda()
+    return untied_model(model_type).cuda()
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma2", "gemma3_text"])
@@ -44,7 +44,7 @@ def test_graph_is_reused_across_calls_and_sampling_is_seeded():
 
 
 def test_compressed_model_with_triton_backend_equals_torch_backend(tokenizer, text_file):
-    model = tiny_model("llama", tie_word_embeddings=False)
+    model = untied_model("llama")
     config = CompressConfig(keep=0.5, align=8, calibration=CalibrationSpec(str(text_file), 4, 32))
     pipeline.compress(model, tokenizer, config, progress=False)
     model = model.cuda()
