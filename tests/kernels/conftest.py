@@ -10,7 +10,6 @@ import importlib
 import math
 import os
 import sys
-import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -73,13 +72,6 @@ def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor, what
     ratio = tolerance_ratio(actual, expected)
     worst = (actual.double() - expected.double()).abs().max().item() if actual.numel() else 0.0
     assert ratio <= 1.0, f"{what}: max abs error {worst:.3e} is {ratio:.2f}x the {actual.dtype} tolerance"
-
-
-@pytest.fixture(autouse=True)
-def quiet_interpreter_loop_bounds():
-    """Triton 3.6's interpreter turns a loop bound computed from program ids into an int through a
-    NumPy conversion that NumPy 2.x deprecates (harmless with the pinned numpy<2.4)."""
-    warnings.filterwarnings("ignore", "Conversion of an array with ndim > 0 to a scalar", DeprecationWarning)
 
 
 @pytest.fixture(autouse=True)
