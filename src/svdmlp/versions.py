@@ -23,6 +23,6 @@ def installed_versions(packages: Iterable[str]) -> dict[str, str | None]:
 
 
 def _source_version() -> str:
-    from svdmlp import __version__
+    from svdmlp import __version__  # late: the package's __init__ imports modules that import this one
 
     return __version__
