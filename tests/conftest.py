@@ -79,6 +79,17 @@ def untied_model(model_type: str, **overrides) -> torch.nn.Module:
     return tiny_model(model_type, tie_word_embeddings=False, **overrides)
 
 
+def compress_for_generation(model, tokenizer, text_file) -> torch.nn.Module:
+    """Compress a tiny model in place (keep 0.5, 4 calibration windows of 32 tokens) and return it:
+    the compressed model the generation tests run."""
+    from svdmlp import pipeline
+    from svdmlp.config import CalibrationSpec, CompressConfig
+
+    config = CompressConfig(keep=0.5, align=8, calibration=CalibrationSpec(str(text_file), 4, 32))
+    pipeline.compress(model, tokenizer, config, progress=False)
+    return model
+
+
 def hf_greedy(model, prompts: list[list[int]], new: int, stop=None) -> list[list[int]]:
     """Hugging Face greedy continuations, left-padded as the engine pads, cut after a stop token."""
     width = max(len(p) for p in prompts)

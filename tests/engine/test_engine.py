@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ARCH_CONFIGS, hf_greedy, untied_model
-from svdmlp import pipeline
-from svdmlp.config import CalibrationSpec, CompressConfig
+from conftest import ARCH_CONFIGS, compress_for_generation, hf_greedy, untied_model
 from svdmlp.engine import Engine
 
 PROMPT = [5, 17, 42, 99, 7, 3]
@@ -30,8 +28,7 @@ def test_sliding_window_shorter_than_the_text_equals_hf(model_type):
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma2"])
 def test_compressed_model_equals_its_hf_reference(model_type, tokenizer, text_file):
     model = untied_model(model_type)
-    config = CompressConfig(keep=0.5, align=8, calibration=CalibrationSpec(str(text_file), 4, 32))
-    pipeline.compress(model, tokenizer, config, progress=False)
+    compress_for_generation(model, tokenizer, text_file)
     assert Engine(model).generate([PROMPT], NEW).tokens == hf_greedy(model, [PROMPT], NEW)
 
 

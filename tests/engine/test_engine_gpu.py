@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import untied_model
-from svdmlp import pipeline
-from svdmlp.config import CalibrationSpec, CompressConfig
+from conftest import compress_for_generation, untied_model
 from svdmlp.engine import Engine
 from svdmlp.modules import set_backend
 
@@ -45,8 +43,7 @@ def test_graph_is_reused_across_calls_and_sampling_is_seeded():
 
 def test_compressed_model_with_triton_backend_equals_torch_backend(tokenizer, text_file):
     model = untied_model("llama")
-    config = CompressConfig(keep=0.5, align=8, calibration=CalibrationSpec(str(text_file), 4, 32))
-    pipeline.compress(model, tokenizer, config, progress=False)
+    compress_for_generation(model, tokenizer, text_file)
     model = model.cuda()
     set_backend(model, "torch")
     reference = Engine(model, graphs=False).generate(PROMPTS, 16).tokens

@@ -17,9 +17,7 @@ import pytest
 import torch
 from transformers.utils import import_utils
 
-from conftest import ARCH_CONFIGS, hf_greedy, untied_model
-from svdmlp import pipeline
-from svdmlp.config import CalibrationSpec, CompressConfig
+from conftest import ARCH_CONFIGS, compress_for_generation, hf_greedy, untied_model
 from svdmlp.engine import Engine
 from svdmlp.engine import engine as engine_module
 from svdmlp.modules import set_backend
@@ -117,8 +115,7 @@ def test_graph_path_sampling_and_reuse_equal_the_eager_path(graph_engine):
 @pytest.mark.parametrize("backend", ["torch", "triton"])  # triton: its launchers, interpreted
 def test_graph_path_of_a_compressed_model(backend, graph_engine, tokenizer, text_file):
     model = untied_model("qwen3")
-    config = CompressConfig(keep=0.5, align=8, calibration=CalibrationSpec(str(text_file), 4, 32))
-    pipeline.compress(model, tokenizer, config, progress=False)
+    compress_for_generation(model, tokenizer, text_file)
     set_backend(model, backend)
     result = graph_engine(model).generate(PROMPTS, NEW)
     assert result.graph, result.note
