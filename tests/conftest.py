@@ -82,7 +82,7 @@ def untied_model(model_type: str, **overrides) -> torch.nn.Module:
 def compress_for_generation(model, tokenizer, text_file) -> torch.nn.Module:
     """Compress a tiny model in place (keep 0.5, 4 calibration windows of 32 tokens) and return it:
     the compressed model the generation tests run."""
-    from svdmlp import pipeline
+    from svdmlp.compress import pipeline
     from svdmlp.config import CalibrationSpec, CompressConfig
 
     config = CompressConfig(keep=0.5, align=8, calibration=CalibrationSpec(str(text_file), 4, 32))

@@ -2,7 +2,7 @@ import pytest
 
 from conftest import ARCH_CONFIGS, tiny_config, tiny_model
 from svdmlp import arch
-from svdmlp.pipeline import arch_of
+from svdmlp.arch import of_model as arch_of
 
 
 @pytest.mark.parametrize("model_type", sorted(ARCH_CONFIGS))
@@ -25,4 +25,4 @@ def test_unsupported_type_names_it_and_lists_the_supported():
 def test_mismatched_activation_is_refused():
     config = tiny_config("llama", hidden_act="gelu")
     with pytest.raises(ValueError, match="activation 'gelu' is not supported"):
-        arch.check_activation(arch.resolve("llama"), config)
+        arch.for_config(config)

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from conftest import ARCH_CONFIGS, SAMPLE_TEXT, VOCAB, tiny_model
-from svdmlp import checkpoint, pipeline
+from svdmlp import checkpoint
+from svdmlp.compress import pipeline
+from svdmlp.compress.report import CompressionReport
 from svdmlp.config import CalibrationSpec, CompressConfig
-from svdmlp.modules import LowRankGatedMLP, LowRankLinear
+from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
 from svdmlp.paths import file_sha256
-from svdmlp.report import CompressionReport
 
 
 def _config(text_path, **overrides) -> CompressConfig:

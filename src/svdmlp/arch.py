@@ -1,10 +1,19 @@
-"""Architecture knowledge as data: where each supported model keeps its MLPs and what they compute."""
+"""Architecture knowledge as data: where each supported model keeps its MLPs and what they compute,
+and the lookups that find them in a loaded model.
+
+Imports no torch at run time (the command line reads :data:`PROJECTIONS` through the config).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch.nn as nn
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+# The three projections of a gated MLP, in the order every record lists them.
+PROJECTIONS = ("gate", "up", "down")
 
 
 @dataclass(frozen=True)
@@ -15,7 +24,7 @@ class ArchSpec:
         layers: dotted path from the causal-LM model to the list of decoder layers.
         mlp: attribute of a decoder layer holding the MLP.
         gate, up, down: attribute names of the three projections inside the MLP.
-        activation: the gate nonlinearity, as named in :mod:`svdmlp.backends.torch_ref`.
+        activation: the gate nonlinearity, as named in :mod:`svdmlp.activations`.
     """
 
     layers: str = "model.layers"
@@ -58,14 +67,24 @@ def resolve(model_type: str) -> ArchSpec:
         raise ValueError(f"unsupported model type {model_type!r}; svdmlp supports: {supported}") from None
 
 
-def check_activation(spec: ArchSpec, config) -> None:
-    """Refuse a model whose configured MLP activation differs from what its architecture implies."""
-    name = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+def for_config(config) -> ArchSpec:
+    """The spec of a Hugging Face model config; ValueError for an unsupported type, or for a model
+    whose configured MLP activation differs from what its architecture implies (our MLP would
+    compute another function than the model's)."""
+    spec = resolve(config.model_type)
+    text = config.get_text_config()
+    name = getattr(text, "hidden_activation", None) or getattr(text, "hidden_act", None)
     if name is not None and name not in _CONFIG_ACTIVATIONS[spec.activation]:
         raise ValueError(
-            f"model type {config.model_type!r} with activation {name!r} is not supported; "
+            f"model type {text.model_type!r} with activation {name!r} is not supported; "
             f"expected one of {_CONFIG_ACTIVATIONS[spec.activation]}"
         )
+    return spec
+
+
+def of_model(model: nn.Module) -> ArchSpec:
+    """The spec of a loaded model (ValueError for anything unsupported, see :func:`for_config`)."""
+    return for_config(model.config)
 
 
 def decoder_layers(model: nn.Module, spec: ArchSpec) -> nn.ModuleList:
@@ -74,3 +93,14 @@ def decoder_layers(model: nn.Module, spec: ArchSpec) -> nn.ModuleList:
     for part in spec.layers.split("."):
         module = getattr(module, part)
     return module
+
+
+def mlp_name(spec: ArchSpec, index: int) -> str:
+    """Fully qualified module name of decoder layer ``index``'s MLP, e.g. ``model.layers.3.mlp``."""
+    return f"{spec.layers}.{index}.{spec.mlp}"
+
+
+def dense_projection(model: nn.Module, spec: ArchSpec, index: int, name: str) -> nn.Linear:
+    """The (still dense) ``nn.Linear`` of projection ``name`` in layer ``index``."""
+    mlp = getattr(decoder_layers(model, spec)[index], spec.mlp)
+    return getattr(mlp, spec.projection(name))

@@ -28,10 +28,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from svdmlp import arch, modules, swap
+from svdmlp import arch, lowrank
+from svdmlp.compress.report import CompressionReport
 from svdmlp.config import CompressConfig
 from svdmlp.paths import file_sha256
-from svdmlp.report import CompressionReport
 from svdmlp.versions import installed_versions
 
 METADATA_FILE = "svdmlp.json"
@@ -208,14 +208,14 @@ def load(
     metadata = read_metadata(directory)
     weights = verify_weights(directory, metadata) if verify else Path(directory) / metadata["weights"]["file"]
     config = AutoConfig.from_pretrained(directory)
-    spec = arch.resolve(config.model_type)
+    spec = arch.for_config(config)
     stored = getattr(torch, metadata["dtype"])
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=stored)
     report = CompressionReport.from_dict(metadata["report"])
     for layer in report.layers:
         if layer.status == "compressed":
-            swap.install_lowrank(model, spec, layer.index, layer.ranks, stored, "meta")
+            lowrank.install(model, spec, layer.index, layer.ranks, stored, "meta")
     try:
         state = load_file(weights)
     except (SafetensorError, OSError) as err:
@@ -228,6 +228,6 @@ def load(
         raise ValueError(f"checkpoint {directory} does not match its recorded architecture: {err}") from None
     _retie(model, metadata.get("tied", {}))
     model = model.to(device=device, dtype=dtype or stored).eval()
-    modules.set_backend(model, backend)
+    lowrank.set_backend(model, backend)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     return model, tokenizer

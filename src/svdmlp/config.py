@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from svdmlp.arch import PROJECTIONS
+from svdmlp.compress.ranks import check_keep
+
 FORMAT_VERSION = 1
 METHODS = ("whiten", "svd")
 ALLOCATIONS = ("uniform", "budget")
 HEALS = ("none", "closed-form", "lora", "closed-form+lora")
 RECIPE_OPTIONS = ("sequential", "allocate", "closed-form", "lora")
-PROJECTIONS = ("gate", "up", "down")
 
 
 def parse_mixture(source: str) -> tuple[tuple[str, float], ...]:
@@ -107,15 +109,15 @@ class CompressConfig:
         layers: indices of decoder layers to compress; ``None`` means all of them.
         allocation: ``"uniform"`` (every matrix at the rank rule's rank for ``keep``) or
             ``"budget"`` (one rank per layer, allocated from each layer's measured sensitivity so
-            that together they keep ``keep`` of the parameters; see :mod:`svdmlp.ranks`).
+            that together they keep ``keep`` of the parameters; see :mod:`svdmlp.compress.ranks`).
         sequential: calibrate each layer on the outputs of the already-compressed layers before
-            it, so that it compensates their error (see :mod:`svdmlp.sequential`); otherwise every
+            it, so that it compensates their error (see :mod:`svdmlp.compress.sequential`); otherwise every
             layer is calibrated on the dense model's activations.
         heal: ``"none"``; ``"closed-form"`` (needs ``sequential``: each down projection is fitted
             by reduced-rank regression so that, fed by the compressed gate and up, it reproduces the
-            dense MLP's output; see :mod:`svdmlp.heal`); or ``"lora"`` (after factorising, train the
+            dense MLP's output; see :mod:`svdmlp.compress.heal.closed_form`); or ``"lora"`` (after factorising, train the
             low-rank factors to match the dense model's next-token distribution on calibration
-            text; see :mod:`svdmlp.distill`); or ``"closed-form+lora"``, both in that order.
+            text; see :mod:`svdmlp.compress.heal.distill`); or ``"closed-form+lora"``, both in that order.
         lora: steps, learning rate and window length of ``heal="lora"``.
     """
 
@@ -132,10 +134,7 @@ class CompressConfig:
     lora: LoraSpec = field(default_factory=LoraSpec)
 
     def __post_init__(self) -> None:
-        if isinstance(self.keep, bool) or not isinstance(self.keep, (int, float)):
-            raise TypeError(f"keep must be a number, got {type(self.keep).__name__}")
-        if not 0.0 < self.keep <= 1.0:
-            raise ValueError(f"keep must be in (0, 1] (fraction of parameters kept), got {self.keep}")
+        check_keep(self.keep)
         if not isinstance(self.align, int) or self.align < 1:
             raise ValueError(f"align must be an integer >= 1, got {self.align!r}")
         if self.method not in METHODS:

@@ -148,7 +148,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    arch.check_activation(arch.resolve(config.model_type), config.get_text_config())
+    arch.for_config(config)
     dense = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     dense.load_state_dict(quantized.state_dict())
     del quantized
@@ -199,8 +199,7 @@ def load_config(name: str | None):
             f"could not load model {name!r}: it is not a local directory and the Hugging Face hub "
             f"could not provide it ({_first_line(err)})"
         ) from None
-    spec = arch.resolve(config.model_type)
-    arch.check_activation(spec, config.get_text_config())
+    arch.for_config(config)
     return location, config
 
 

@@ -1,21 +1,29 @@
-"""Where and in what dtype a command runs, from its ``--device`` / ``--dtype`` options.
+"""Where and in what dtype svdmlp runs, from the ``--device`` / ``--dtype`` a user gives (or none).
 
-Shared by every command that loads a model (``compress``, ``eval``, ``generate``, ``sweep``); imported
-lazily by the CLI, since it imports torch.
+One rule for every command: CUDA and bfloat16 when a GPU is available, else CPU and float32, unless
+asked otherwise.
 """
 
 from __future__ import annotations
 
 import torch
 
+DEVICE_DEFAULTS = (None, "", "auto")
 
-def resolve_runtime(args) -> tuple[str, torch.dtype]:
-    """(device, dtype): cuda and bfloat16 when a GPU is available, else cpu and float32, unless asked."""
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no CUDA GPU is available")
-    dtype_name = args.dtype or ("bfloat16" if torch.device(device).type == "cuda" else "float32")
-    return device, getattr(torch, dtype_name)
+
+def resolve(device: str | None = None, dtype: str | None = None) -> tuple[torch.device, torch.dtype]:
+    """(device, dtype): ``device`` None or "auto" picks CUDA when available; ``dtype`` None picks
+    bfloat16 on CUDA and float32 elsewhere. ValueError for CUDA asked of a machine without it."""
+    if device in DEVICE_DEFAULTS:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        place = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unknown device {device!r}; expected cpu, cuda or cuda:N") from None
+    if place.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device} was asked for but no CUDA GPU is available")
+    name = dtype or ("bfloat16" if place.type == "cuda" else "float32")
+    return place, getattr(torch, name)
 
 
 def quiet_transformers() -> None:

@@ -1,11 +1,11 @@
-"""Plain-text tables for the CLI's reports."""
+"""Tables for people: plain text for the terminal, Markdown for reports; one way to write a cell."""
 
 from __future__ import annotations
 
 
 def format_table(headers: list[str], rows: list[list[object]]) -> str:
     """Left-aligned first column, right-aligned others, widths fitted to the content."""
-    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    cells = [[str(h) for h in headers]] + [[format_cell(v) for v in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
 
     def line(row: list[str]) -> str:
@@ -16,7 +16,14 @@ def format_table(headers: list[str], rows: list[list[object]]) -> str:
     return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
 
 
-def _cell(value: object) -> str:
+def markdown_table(headers: list[str], rows: list[list[object]]) -> str:
+    """A GitHub-flavoured Markdown table, cells written as in :func:`format_table`."""
+    lines = ["| " + " | ".join(str(h) for h in headers) + " |", "|---" * len(headers) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(format_cell(v) for v in row) + " |" for row in rows])
+
+
+def format_cell(value: object) -> str:
+    """Floats to four significant digits (whole numbers from 10⁴ up), ints with thousands separators."""
     if isinstance(value, float):
         if value != value:  # NaN
             return "nan"

@@ -7,7 +7,7 @@ import torch
 
 from conftest import compress_for_generation, untied_model
 from svdmlp.engine import Engine
-from svdmlp.modules import set_backend
+from svdmlp.lowrank import set_backend
 
 pytestmark = [
     pytest.mark.gpu,

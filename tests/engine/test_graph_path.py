@@ -20,7 +20,7 @@ from transformers.utils import import_utils
 from conftest import ARCH_CONFIGS, compress_for_generation, hf_greedy, untied_model
 from svdmlp.engine import Engine
 from svdmlp.engine import engine as engine_module
-from svdmlp.modules import set_backend
+from svdmlp.lowrank import set_backend
 
 PROMPTS = [[5, 17, 42, 99, 7, 3], [9, 8], [300, 1, 2]]
 NEW = 16

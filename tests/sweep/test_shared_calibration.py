@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import SAMPLE_TEXT, count_calls, tiny_model
-from svdmlp import decompose, pipeline
+from svdmlp.compress import decompose, pipeline
 from svdmlp.config import CalibrationSpec, CompressConfig
 
 

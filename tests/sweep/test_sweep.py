@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import SAMPLE_TEXT, count_calls, save_tiny_llama, tiny_sweep_argv
-from svdmlp import pipeline
 from svdmlp.cli import main
+from svdmlp.compress import pipeline
 from svdmlp.evaluate import harness, tasks
 
 RECORDS = [

@@ -12,10 +12,13 @@ import pytest
 import torch
 
 from conftest import SAMPLE_TEXT, count_calls, save_tiny_llama, tiny_sweep_argv
-from svdmlp import models, pipeline
+from svdmlp import models
 from svdmlp.bench import e2e
 from svdmlp.cli import main
-from svdmlp.sweep import report, speed
+from svdmlp.compress import pipeline
+from svdmlp.sweep import markdown as report
+from svdmlp.sweep import speed
+from svdmlp.tables import format_cell
 
 POINTS = ["dense", "whiten-keep0.8", "whiten-keep0.5"]
 
@@ -88,7 +91,7 @@ def test_rerun_with_bench_adds_speed_vs_quality_without_recomputing(finished, mo
             ms = rows[(keep, batch)]["decode_s_per_step"] * 1e3
             assert cell == f"{speedup:.2f}x ({ms:.3g} ms)"
         assert cells[5] == f"{rows[(keep, 1)]['ideal_speedup']:.2f}x"
-        assert cells[6] == report._cell(by_point[point]["perplexity"][finished.text])
+        assert cells[6] == format_cell(by_point[point]["perplexity"][finished.text])
     assert cells[5] != "1.00x"  # keep 0.6 streams fewer bytes than dense
 
     assert "![perplexity vs decode speedup](ppl-vs-speed.png)" in text

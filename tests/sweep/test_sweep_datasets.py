@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from conftest import SAMPLE_TEXT, save_tiny_llama, tiny_sweep_argv
-from svdmlp import commands
-from svdmlp.cli import main
+from svdmlp.cli import main, options
 
 POINTS = ["dense", "whiten-keep0.5"]
 
@@ -75,30 +74,30 @@ def test_texts_and_datasets_together(sweep_argv, wikitext, tmp_path):
 
 def test_dataset_option_errors_are_one_line(sweep_argv, wikitext, capsys):
     argv, out = sweep_argv
-    for options, message in (
+    for flags, message in (
         (["--data-files", f"wikitext2={wikitext}"], "--data-files given for ['wikitext2'], which are not"),
         (["--dataset", "wikitext2", "--data-files", "wikitext2"], "--data-files expects SET=PATH"),
         (["--dataset", "lambada"], "unknown perplexity set 'lambada'"),
         (["--dataset", "wikitext2", "--data-files", f"wikitext2={wikitext}.gone"], "does not exist"),
     ):
-        assert main(argv + options) == 2
+        assert main(argv + flags) == 2
         err = capsys.readouterr().err
         assert err.startswith("svdmlp sweep: error: ") and message in err and len(err.splitlines()) == 1
     assert not (out / "points").exists()  # every error comes before any work
 
 
-def _args(**options) -> argparse.Namespace:
-    values = {"text": None, "dataset": [], "data_files": [], **options}
+def _args(**flags) -> argparse.Namespace:
+    values = {"text": None, "dataset": [], "data_files": [], **flags}
     return argparse.Namespace(**values)
 
 
 def test_eval_texts_rules(tmp_path, wikitext):
     text = tmp_path / "t.txt"
     text.write_text("some words", encoding="utf-8")
-    assert commands.eval_texts(_args(), (str(text),)) == [(str(text), "some words")]
-    assert commands.eval_texts(_args(text=[str(text)]), ("unused",)) == [(str(text), "some words")]
-    named = commands.eval_texts(_args(dataset=["wikitext2"], data_files=[f"wikitext2={wikitext}"]), ("x",))
+    assert options.eval_texts(_args(), (str(text),)) == [(str(text), "some words")]
+    assert options.eval_texts(_args(text=[str(text)]), ("unused",)) == [(str(text), "some words")]
+    named = options.eval_texts(_args(dataset=["wikitext2"], data_files=[f"wikitext2={wikitext}"]), ("x",))
     assert [name for name, _ in named] == ["wikitext2"]  # a --dataset replaces the default texts
     assert named[0][1].startswith(" the quick fox jumps over the green hill number 0. \n\n")
     with pytest.raises(ValueError, match=r"\['wikitext2'\] named more than once"):
-        commands.eval_texts(_args(dataset=["wikitext2", "wikitext2"], data_files=[f"wikitext2={wikitext}"]))
+        options.eval_texts(_args(dataset=["wikitext2", "wikitext2"], data_files=[f"wikitext2={wikitext}"]))

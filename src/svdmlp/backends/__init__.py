@@ -4,6 +4,8 @@
 CUDA GPU (or on CPU under ``TRITON_INTERPRET=1``, slowly, for tests). ``auto`` picks ``triton`` when
 the tensors live on CUDA and Triton imports, ``torch`` otherwise. Asking explicitly for an
 unavailable backend is an error that says why.
+
+torch is imported where it is used: the command line reads :data:`BACKENDS` for its ``--help``.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -30,6 +34,8 @@ class Backend:
 
 def triton_unavailable_reason(device: torch.device | str) -> str | None:
     """Why the Triton backend cannot run on ``device``, or None when it can."""
+    import torch
+
     try:
         importlib.import_module("triton")
     except ImportError:
@@ -46,6 +52,8 @@ def triton_unavailable_reason(device: torch.device | str) -> str | None:
 
 def resolve(name: str, device: torch.device | str) -> str:
     """Turn a requested backend name into the concrete one to use on ``device``."""
+    import torch
+
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
     if name == "auto":

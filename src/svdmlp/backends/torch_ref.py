@@ -13,18 +13,8 @@ For a gated MLP, gate and up share one read of ``x``: their shrink factors are c
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-ACTIVATIONS = ("silu", "gelu_tanh")
-
-
-def activate(gate: torch.Tensor, activation: str) -> torch.Tensor:
-    """The gate nonlinearity of a gated MLP: SiLU (SwiGLU) or tanh-approximated GELU (GeGLU)."""
-    if activation == "silu":
-        return F.silu(gate)
-    if activation == "gelu_tanh":
-        return F.gelu(gate, approximate="tanh")
-    raise ValueError(f"unknown activation {activation!r}; expected one of {ACTIVATIONS}")
+from svdmlp.activations import activate
 
 
 def lowrank_linear(x: torch.Tensor, u_t: torch.Tensor, v_t: torch.Tensor) -> torch.Tensor:

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from svdmlp import arch, decompose, models, modules, pipeline, swap
+from svdmlp import arch, lowrank, models
 from svdmlp.bench.kernel import CPU_CEILING_SIZES, CUDA_CEILING_SIZES
 from svdmlp.bench.timing import measure_ceilings
+from svdmlp.compress.decompose import Factors
+from svdmlp.compress.ranks import check_keep, uniform_ranks
 from svdmlp.engine import Engine
 
 # A Llama-3.2-1B-shaped model with random weights: the GPU benchmark needs no download.
@@ -60,9 +62,10 @@ class E2EConfig:
     hf_baseline: bool
 
     def __post_init__(self) -> None:
-        bad_keeps = [k for k in self.keeps if not 0.0 < k <= 1.0]
-        if not self.keeps or bad_keeps:
-            raise ValueError(f"keep values must be in (0, 1], got {list(self.keeps)}")
+        if not self.keeps:
+            raise ValueError("no keep to benchmark")
+        for keep in self.keeps:
+            check_keep(keep)
         bad_batches = [b for b in self.batches if not 1 <= b <= 64]
         if not self.batches or bad_batches:
             raise ValueError(f"batch sizes must be in [1, 64], got {list(self.batches)}")
@@ -102,22 +105,21 @@ def build_model(name: str | None, device: torch.device, dtype: torch.dtype) -> t
 
 def install_random_lowrank(model: torch.nn.Module, keep: float, align: int, backend: str) -> dict[str, int]:
     """Swap every MLP for a low-rank one with random factors of the ranks ``keep`` gives; its ranks."""
-    spec = pipeline.arch_of(model)
-    weight = swap.dense_projection(model, spec, 0, "gate").weight
-    ranks = {}
+    spec = arch.of_model(model)
+    weight = arch.dense_projection(model, spec, 0, "gate").weight
     for index in range(len(arch.decoder_layers(model, spec))):
-        factors = {}
-        for name in ("gate", "up", "down"):
-            linear = swap.dense_projection(model, spec, index, name)
-            n_in, n_out = linear.in_features, linear.out_features
-            rank = decompose.rank_for_keep(n_in, n_out, keep, align)
-            factors[name] = decompose.Factors(
-                u=torch.randn(rank, n_in, device=weight.device) / math.sqrt(n_in),
-                v=torch.randn(n_out, rank, device=weight.device) / math.sqrt(rank),
+        linears = {name: arch.dense_projection(model, spec, index, name) for name in arch.PROJECTIONS}
+        shapes = {name: (linear.in_features, linear.out_features) for name, linear in linears.items()}
+        ranks = uniform_ranks(shapes, keep, align)
+        factors = {
+            name: Factors(
+                u=torch.randn(ranks[name], n_in, device=weight.device) / math.sqrt(n_in),
+                v=torch.randn(n_out, ranks[name], device=weight.device) / math.sqrt(ranks[name]),
             )
-            ranks[name] = rank
-        swap.install_lowrank(model, spec, index, ranks, weight.dtype, weight.device, factors)
-    modules.set_backend(model, backend)
+            for name, (n_in, n_out) in shapes.items()
+        }
+        lowrank.install(model, spec, index, ranks, weight.dtype, weight.device, factors)
+    lowrank.set_backend(model, backend)
     return ranks
 
 

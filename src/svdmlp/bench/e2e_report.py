@@ -1,10 +1,10 @@
-"""Outputs of ``bench e2e``: the table, the dense-vs-compressed summary, a JSON file, a PNG plot."""
+"""Outputs of ``bench e2e``: the table, the dense-vs-compressed summary, a PNG plot."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from svdmlp.plots import new_figure, save_figure
 from svdmlp.tables import format_table
 
 SCHEMA = "svdmlp-bench-e2e/1"
@@ -55,21 +55,11 @@ def format_summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def write_json(report: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema": SCHEMA, **report}, indent=1) + "\n")
-
-
 def plot(report: dict, path: Path) -> None:
     """Decode ms/step per variant, one panel per (model, batch), with each variant's floor as a tick."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = list(dict.fromkeys((row["model"], row["batch"]) for row in report["rows"]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
-    for ax, (model, batch) in zip(axes[0], panels, strict=True):
+    figure, axes = new_figure((4.5 * len(panels), 4), panels=len(panels))
+    for ax, (model, batch) in zip(axes, panels, strict=True):
         rows = [row for row in report["rows"] if row["model"] == model and row["batch"] == batch]
         names = [row["variant"] for row in rows]
         times = [row["decode_s_per_step"] * 1e3 for row in rows]
@@ -84,8 +74,4 @@ def plot(report: dict, path: Path) -> None:
         ax.set_ylabel("decode ms/step")
         ax.legend(fontsize=7)
     device = report["environment"]["device"]["name"]
-    fig.suptitle(f"svdmlp bench e2e on {device} ({report['config']['dtype']})")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(figure, path, f"svdmlp bench e2e on {device} ({report['config']['dtype']})")

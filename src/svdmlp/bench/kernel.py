@@ -297,7 +297,7 @@ def make_workload(
     return Workload(shape, keep, ranks, dense_sets, lowrank_sets, providers)
 
 
-def run_sweep(config: KernelBenchConfig, log: Callable[[str], None]) -> dict:
+def run(config: KernelBenchConfig, log: Callable[[str], None]) -> dict:
     """Measure the ceilings, then every (model, keep, M) row, printing progress through ``log``.
 
     Rows not started before ``config.budget_s`` seconds are listed as skipped, not measured.

@@ -16,8 +16,6 @@ import torch
 import triton
 import triton.language as tl
 
-from svdmlp.backends.torch_ref import ACTIVATIONS
-
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -85,11 +83,6 @@ def check_inner(op: str, left: str, left_size: int, right: str, right_size: int)
     """Raise ValueError unless two dimensions that must agree do."""
     if left_size != right_size:
         raise ValueError(f"{op}: {left} ({left_size}) must equal {right} ({right_size})")
-
-
-def check_activation(op: str, activation: str) -> None:
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{op}: unknown activation {activation!r}; expected one of {ACTIVATIONS}")
 
 
 @triton.jit

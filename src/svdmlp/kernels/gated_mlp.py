@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from svdmlp.backends import torch_ref
+from svdmlp.activations import check_activation
 from svdmlp.kernels import common, configs
 from svdmlp.kernels.common import (
-    check_activation,
     check_device,
     check_inner,
     check_inputs,
@@ -33,7 +32,7 @@ def check_gated_mlp(
 ) -> None:
     """Raise ValueError, naming the offending shapes/dtypes/devices, unless the factors fit together."""
     op = "lowrank_gated_mlp"
-    check_activation(op, activation)
+    check_activation(activation, op)
     factors = {"gate_up_u_t": gate_up_u_t, "gate_v_t": gate_v_t, "up_v_t": up_v_t}
     check_inputs(op, x, factors | {"down_u_t": down_u_t, "down_v_t": down_v_t})
     check_inner(op, "x.shape[-1] (hidden)", x.shape[-1], "gate_up_u_t.shape[0]", gate_up_u_t.shape[0])
@@ -87,10 +86,8 @@ def lowrank_gated_mlp(
     if schedule not in SCHEDULES:
         raise ValueError(f"lowrank_gated_mlp: unknown schedule {schedule!r}; expected one of {SCHEDULES}")
     if min(m, hidden_size, gate_up_u_t.shape[1], inter) == 0:
-        # Degenerate sizes (no tokens, no gate/up rank, no width): the torch ops give the zeros/empties.
-        factors = (gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t)
-        out.copy_(torch_ref.lowrank_gated_mlp(x2d, *factors, activation))
-        return out.reshape(x.shape)
+        # Degenerate sizes (no tokens, no gate/up rank, no width): an empty sum, so zeros (or nothing).
+        return out.zero_().reshape(x.shape)
 
     strip = common.new_empty((m, gate_up_u_t.shape[1]), x.dtype, x.device)
     with device_guard(x.device):

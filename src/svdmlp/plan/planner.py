@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from svdmlp.decompose import kept_fraction, rank_for_keep
+from svdmlp.compress.ranks import achieved_keep, uniform_ranks
 from svdmlp.plan.cost import (
     Traffic,
     arithmetic_intensity,
@@ -60,17 +60,14 @@ class MLPRanks:
 
 
 def mlp_ranks(shape: MLPShape, keep: float, align: int) -> MLPRanks:
-    """Block-aligned ranks for gate, up (hidden → inter) and down (inter → hidden), and achieved keep."""
+    """The rank rule's ranks for gate, up (hidden → inter) and down (inter → hidden), and the keep
+    each and the whole MLP achieve."""
     h, i = shape.hidden, shape.intermediate
-    gate = rank_for_keep(h, i, keep, align)
-    down = rank_for_keep(i, h, keep, align)
-    achieved = {
-        "gate": kept_fraction(h, i, gate),
-        "up": kept_fraction(h, i, gate),
-        "down": kept_fraction(i, h, down),
-        "total": (2 * gate + down) * (h + i) / (3 * h * i),
-    }
-    return MLPRanks(gate=gate, up=gate, down=down, keep=achieved)
+    shapes = {"gate": (h, i), "up": (h, i), "down": (i, h)}
+    ranks = uniform_ranks(shapes, keep, align)
+    achieved = {name: achieved_keep([(*shapes[name], ranks[name])]) for name in shapes}
+    achieved["total"] = achieved_keep((*shapes[name], ranks[name]) for name in shapes)
+    return MLPRanks(gate=ranks["gate"], up=ranks["up"], down=ranks["down"], keep=achieved)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from svdmlp import models, pipeline
+from svdmlp import models
+from svdmlp.compress import pipeline
 from svdmlp.config import CompressConfig
 from svdmlp.evaluate import suite
 

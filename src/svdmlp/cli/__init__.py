@@ -1,0 +1,57 @@
+"""The ``svdmlp`` command (also ``python -m svdmlp``): argparse in, library calls out.
+
+Each command is one module of this package with its parser (``add_parser``) and its handler
+(``run``); the options several commands share live in :mod:`svdmlp.cli.options`. Handlers import
+torch and transformers only when they run, so ``svdmlp --help`` answers at once.
+
+Every handler returns an :class:`~svdmlp.cli.options.Outcome`: the exit status and the record that
+``--json FILE`` writes. Bad input (a ValueError or a missing or existing file) exits with status 2
+and one line on standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+
+from svdmlp import __version__
+from svdmlp.cli import bench, compress, evaluate, generate, info, options, plan, sweep
+
+COMMANDS = (compress, evaluate, generate, info, plan, bench, sweep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="svdmlp",
+        description="Compress LLM MLPs with block-aligned SVD and run them fast. "
+        "keep = fraction of MLP parameters kept (the NeuronMLP paper's compression ratio is 1 - keep).",
+    )
+    parser.add_argument("--version", action="version", version=f"svdmlp {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    json_target = getattr(args, "json", None)
+    # With --json -, standard output carries the JSON alone: the report goes to standard error.
+    report_stream = sys.stderr if json_target == "-" else sys.stdout
+    try:
+        with contextlib.redirect_stdout(report_stream):
+            outcome = args.run(args)
+            if json_target not in (None, "-"):
+                options.write_json(outcome.record, json_target)
+                print(f"wrote {json_target}")
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        message = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"svdmlp {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    if json_target == "-":
+        options.write_json(outcome.record, "-")
+    return outcome.code

@@ -1,0 +1,171 @@
+"""``svdmlp bench kernel|e2e``: the benchmarks (a group: each benchmark is a sub-subcommand)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from svdmlp.cli import options
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Add ``bench`` with its benchmarks: ``kernel`` and ``e2e``."""
+    bench = commands.add_parser(
+        "bench", help="benchmarks: fused kernels, and whole-model generation, against dense baselines"
+    )
+    benchmarks = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    _add_kernel(benchmarks)
+    _add_e2e(benchmarks)
+
+
+def _add_kernel(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "kernel",
+        help="time the fused low-rank MLP against cuBLAS dense, the unfused PyTorch path and the roofline",
+        description=(
+            "On CUDA: the six paper models' MLPs x M in {1..8192} x keep {0.8, 0.6} in bf16, CUDA-graph "
+            "replays for M <= 128. On CPU: the PyTorch dense and unfused paths on small models in float32."
+        ),
+    )
+    options.add_json(parser, "every row, the ceilings and the environment")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot of speedup vs M to this path")
+    parser.add_argument("--quick", action="store_true", help="one model, two token counts, keep 0.8")
+    options.add_runtime(parser, dtype=False, backend=False)
+    parser.add_argument(
+        "--compile", action="store_true", help="also time torch.compile of the low-rank PyTorch path"
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="skip rows not started within this many seconds (default 420)",
+    )
+    parser.add_argument(
+        "--align", type=int, default=128, help="rank alignment (default 128: tensor-core tiles)"
+    )
+    parser.set_defaults(run=run_kernel)
+
+
+def run_kernel(args: argparse.Namespace) -> options.Outcome:
+    """Run the sweep, print the table and the per-keep summary, plot if asked.
+
+    Exits 1 when a fused output failed its correctness check (the timings are still reported).
+    """
+    from svdmlp.bench import kernel, kernel_report
+    from svdmlp.bench.environment import describe
+
+    if args.budget_s <= 0:
+        raise ValueError(f"--budget-s must be positive, got {args.budget_s}")
+    if args.align < 1:
+        raise ValueError(f"--align must be >= 1, got {args.align}")
+    device, _ = options.runtime(args)
+    environment = describe(device)
+    versions = ", ".join(f"{name} {version}" for name, version in environment["versions"].items())
+    print(f"bench kernel on {environment['device']['name']} ({device.type}); {versions}", flush=True)
+    config = kernel.default_config(
+        device, quick=args.quick, compile=args.compile, budget_s=args.budget_s, align=args.align
+    )
+    report = {"environment": environment, **kernel.run(config, log=lambda line: print(line, flush=True))}
+    print()
+    print(kernel_report.format_rows(report))
+    if args.plot:
+        kernel_report.plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    print()
+    print(kernel_report.format_summary(report))
+    failures = sum(keep["check_failures"] for keep in report["summary"].values())
+    return options.Outcome(1 if failures else 0, {"schema": kernel_report.SCHEMA, **report})
+
+
+def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "e2e",
+        help="generation speed of dense vs compressed models in the same engine, against the floor",
+        description=(
+            "Prefill tokens/s and decode ms/step, dense vs MLPs low-rank at each --keep, with the "
+            "weight-streaming floor (weight bytes / measured bandwidth). On CUDA: a Llama-3.2-1B-shaped "
+            "model with random bf16 weights, plus MODEL if given; on CPU: MODEL (default: the built-in "
+            "SmolLM2-135M) in float32. Compressed variants get random factors of the right ranks."
+        ),
+    )
+    parser.add_argument(
+        "model", nargs="?", default=None, help="built-in model, .gguf file, model directory or hub id"
+    )
+    parser.add_argument(
+        "--keep",
+        type=options.comma_list(float),
+        default=(0.8, 0.6),
+        help="comma-separated keeps (default 0.8,0.6)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=options.comma_list(int),
+        default=(1, 16),
+        help="comma-separated batch sizes (default 1,16)",
+    )
+    parser.add_argument(
+        "--prompt-len", type=int, default=None, help="prompt tokens (default 128 CUDA, 32 CPU)"
+    )
+    parser.add_argument(
+        "--new-tokens", type=int, default=None, help="tokens generated (default 128 CUDA, 16 CPU)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="timed runs per row (default 5 CUDA, 3 CPU)"
+    )
+    parser.add_argument(
+        "--align",
+        type=int,
+        default=None,
+        help="rank alignment (default 128 on CUDA: tensor-core tiles; 32 on CPU)",
+    )
+    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)"
+    )
+    options.add_json(parser, "every row, the ceilings and the environment")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot of decode time per variant")
+    options.add_runtime(parser, dtype=False)
+    parser.set_defaults(run=run_e2e)
+
+
+def _default(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def run_e2e(args: argparse.Namespace) -> options.Outcome:
+    """Run the end-to-end benchmark; print the table and summary, plot if asked."""
+    import torch
+
+    from svdmlp.bench import e2e, e2e_report
+    from svdmlp.bench.environment import describe
+
+    device, dtype = options.runtime(args)
+    cuda = device.type == "cuda"
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    config = e2e.E2EConfig(
+        device=device,
+        models=((e2e.RANDOM_MODEL,) + ((args.model,) if args.model else ())) if cuda else (args.model,),
+        keeps=args.keep,
+        batches=args.batch,
+        prompt_len=_default(args.prompt_len, 128 if cuda else 32),
+        new_tokens=_default(args.new_tokens, 128 if cuda else 16),
+        repeats=_default(args.repeats, 5 if cuda else 3),
+        dtype=dtype,
+        align=_default(args.align, 128 if cuda else 32),
+        backend=args.backend,
+        hf_baseline=not args.no_hf,
+    )
+    environment = describe(device)
+    print(f"bench e2e on {environment['device']['name']} ({device.type})", flush=True)
+    report = {"environment": environment, **e2e.run(config, log=lambda line: print(line, flush=True))}
+    print()
+    print(e2e_report.format_rows(report))
+    print()
+    print(e2e_report.format_summary(report))
+    if args.plot:
+        e2e_report.plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    return options.Outcome(0, {"schema": e2e_report.SCHEMA, **report})

@@ -1,0 +1,107 @@
+"""``svdmlp compress``: factorise a model's MLPs and save a checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from svdmlp.cli import options
+from svdmlp.config import HEALS, CompressConfig
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("compress", help="factorise a model's MLPs and save a checkpoint")
+    p.add_argument("model", nargs="?", default=None, help=options.MODEL_HELP)
+    p.add_argument(
+        "--keep", type=float, default=0.8, help="fraction of MLP parameters kept, in (0, 1] (default 0.8)"
+    )
+    p.add_argument(
+        "--method", choices=("whiten", "svd"), default="whiten", help="activation-aware (whiten) or plain SVD"
+    )
+    options.add_calibration(p)
+    p.add_argument("--seed", type=int, default=0, help="seeds the choice of calibration windows (default 0)")
+    p.add_argument(
+        "--targets",
+        type=options.comma_list(),
+        default=("gate", "up", "down"),
+        help="projections to factorise",
+    )
+    p.add_argument(
+        "--layers", type=options.comma_list(int), default=None, help="decoder layer indices (default: all)"
+    )
+    p.add_argument(
+        "--allocate",
+        action="store_true",
+        help="one rank per layer from measured sensitivity (the KL each layer alone causes at the rank "
+        "rule's rank), within the parameter budget of --keep (default: the rank rule everywhere)",
+    )
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="calibrate each layer on the outputs of the already-compressed layers before it",
+    )
+    p.add_argument(
+        "--heal",
+        choices=HEALS,
+        default="none",
+        help="closed-form: fit each down projection to compensate the compressed gate/up (needs "
+        "--sequential); lora: train the factors to match the dense model's next-token distribution "
+        "on calibration text; closed-form+lora: both (default none)",
+    )
+    options.add_lora(p)
+    p.add_argument(
+        "--save-dtype",
+        choices=options.DTYPES,
+        default="bfloat16",
+        help="dtype of the saved weights (default bfloat16)",
+    )
+    p.add_argument("--out", required=True, help="checkpoint directory to write")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing svdmlp checkpoint at --out")
+    options.add_json(p, "the compression report (config, ranks, errors, timings)")
+    options.add_runtime(p)
+    p.set_defaults(run=run)
+
+
+def config(args: argparse.Namespace) -> CompressConfig:
+    return CompressConfig(
+        keep=args.keep,
+        align=args.align,
+        method=args.method,
+        calibration=options.calibration_spec(args),
+        seed=args.seed,
+        targets=args.targets,
+        layers=args.layers,
+        allocation="budget" if args.allocate else "uniform",
+        sequential=args.sequential,
+        heal=args.heal,
+        lora=options.lora_spec(args),
+    )
+
+
+def run(args: argparse.Namespace) -> options.Outcome:
+    import torch
+
+    from svdmlp import checkpoint, models
+    from svdmlp.compress import pipeline, report
+
+    compress_config = config(args)
+    checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
+    device, dtype = options.runtime(args)
+    started = time.perf_counter()
+    model, tokenizer, _ = models.load_dense(args.model, dtype=dtype, device=device)
+    result = pipeline.compress(model, tokenizer, compress_config)
+    model.to(getattr(torch, args.save_dtype))
+    base = args.model or models.DEFAULT_MODEL
+    path = checkpoint.save(
+        args.out, model, tokenizer, compress_config, result, base_model=base, overwrite=args.overwrite
+    )
+    print(report.layer_table(result))
+    print()
+    print(report.summary_line(result))
+    healing = report.heal_line(result)
+    if healing:
+        print(healing)
+    phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result.timings.items())
+    print(f"compress wall time {time.perf_counter() - started:.1f} s ({phases}); saved {path}")
+    record = {"checkpoint": str(path), "config": compress_config.to_dict(), "report": result.to_dict()}
+    return options.Outcome(0, record)

@@ -1,0 +1,135 @@
+"""``svdmlp eval``: perplexity and zero-shot accuracy of a checkpoint (and its dense base) or of a model."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+
+from svdmlp.cli import options
+
+DEFAULT_TEXT = "shakespeare-heldout"
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "eval", help="perplexity and zero-shot accuracy of a checkpoint (and its dense base) or of a model"
+    )
+    p.add_argument(
+        "target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)"
+    )
+    options.add_perplexity(p, f"{DEFAULT_TEXT} unless only --dataset or --tasks are given")
+    options.add_tasks(p)
+    p.add_argument("--no-baseline", action="store_true", help="skip the dense base model of a checkpoint")
+    options.add_json(p, "every row, the protocol and the versions")
+    options.add_runtime(p)
+    p.set_defaults(run=run)
+
+
+def load_target(target: str | None, args: argparse.Namespace):
+    """(model, tokenizer, metadata) of a checkpoint directory or a dense model (metadata None)."""
+    from svdmlp import checkpoint, models
+
+    device, dtype = options.runtime(args)
+    if target is not None and checkpoint.is_checkpoint(target):
+        model, tokenizer = checkpoint.load(target, backend=args.backend, dtype=dtype, device=device)
+        return model, tokenizer, checkpoint.read_metadata(target)
+    model, tokenizer, _ = models.load_dense(target, dtype=dtype, device=device)
+    return model, tokenizer, None
+
+
+def run(args: argparse.Namespace) -> options.Outcome:
+    from svdmlp import models
+    from svdmlp.compress.report import CompressionReport, count_parameters
+    from svdmlp.evaluate import suite
+
+    settings = options.eval_settings(args)
+    # Tasks alone ask for no perplexity: the default text applies only when nothing else is asked for.
+    texts = options.eval_texts(args, () if args.tasks else (DEFAULT_TEXT,))
+    model, tokenizer, metadata = load_target(args.target, args)
+    device, dtype = options.runtime(args)
+    rows = []
+    calibration = {}
+    if metadata is None:
+        counts = count_parameters(model, [])
+        rows.append(
+            {"model": args.target or models.DEFAULT_MODEL, "kind": "dense", "params": counts["total"]}
+        )
+        rows[-1].update(suite.score(model, tokenizer, texts, settings, "dense"))
+    else:
+        report = CompressionReport.from_dict(metadata["report"])
+        config = metadata["config"]
+        calibration = report.calibration
+        label = f"{config['method']} keep {config['keep']}"
+        rows.append(
+            {
+                "model": args.target,
+                "kind": f"compressed ({label})",
+                "params": report.params_after["total"],
+                "mlp_params": report.params_after["mlp"],
+                "achieved_keep": report.achieved_keep,
+                "compress_seconds": report.seconds,
+                **suite.score(model, tokenizer, texts, settings, "compressed"),
+            }
+        )
+        if not args.no_baseline:
+            del model
+            gc.collect()
+            base, _, _ = models.load_dense(metadata["base_model"], dtype=dtype, device=device)
+            dense = {
+                "model": metadata["base_model"],
+                "kind": "dense",
+                "params": report.params_before["total"],
+            }
+            dense.update(mlp_params=report.params_before["mlp"], achieved_keep=1.0)
+            dense.update(suite.score(base, tokenizer, texts, settings, "dense"))
+            rows.insert(0, dense)
+    record = suite.provenance(settings, dtype, device)
+    print(record["protocol"])
+    print(eval_table(rows, [name for name, _ in texts], list(settings.tasks)))
+    failed = suite.failures(rows)
+    for line in failed:
+        print(line)
+    summary = {**record, "rows": rows, "calibration": calibration, "failed": failed}
+    if texts:
+        summary.update(perplexity=rows[-1]["perplexity"][texts[0][0]], text=texts[0][0])
+    return options.Outcome(1 if failed else 0, summary)
+
+
+def eval_table(rows: list[dict], text_names: list[str], task_names: list[str] = ()) -> str:
+    """One row per model: parameters, perplexity per text, acc and acc_norm per task, then deltas."""
+    from svdmlp.evaluate import harness
+    from svdmlp.tables import format_table
+
+    headers = ["model", "params", "MLP params", "MLP keep", "compress s"] + [f"PPL {n}" for n in text_names]
+    headers += [f"{task} {metric}" for task in task_names for metric in harness.METRICS]
+    body = []
+    for row in rows:
+        cells = [row["kind"], row["params"], row.get("mlp_params", ""), row.get("achieved_keep", "")]
+        seconds = row.get("compress_seconds")
+        cells.append("" if seconds is None else round(seconds, 1))
+        cells += [row["perplexity"][name] for name in text_names]
+        cells += [_accuracy(row, task, metric) for task in task_names for metric in harness.METRICS]
+        body.append(cells)
+    table = format_table(headers, body)
+    if len(rows) == 2 and text_names:
+        ratios = ", ".join(
+            f"{n} x{rows[1]['perplexity'][n] / rows[0]['perplexity'][n]:.2f}" for n in text_names
+        )
+        table += f"\ncompressed / dense perplexity: {ratios}"
+    if len(rows) == 2 and task_names:
+        deltas = [
+            f"{task} {metric} {after - before:+.4f}"
+            for task in task_names
+            for metric in harness.METRICS
+            if isinstance(before := _accuracy(rows[0], task, metric), float)
+            and isinstance(after := _accuracy(rows[1], task, metric), float)
+        ]
+        table += f"\ncompressed - dense accuracy: {', '.join(deltas) or 'none (tasks failed)'}"
+    return table
+
+
+def _accuracy(row: dict, task: str, metric: str) -> float | str:
+    result = row["tasks"][task]
+    if result["error"]:
+        return "failed"
+    return result["metrics"].get(metric, "-")

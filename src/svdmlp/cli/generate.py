@@ -1,0 +1,107 @@
+"""``svdmlp generate``: continue one prompt with a checkpoint or a model, streaming the text."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+from svdmlp.cli import options
+from svdmlp.cli.evaluate import load_target
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("generate", help="generate text with a checkpoint or a model")
+    p.add_argument(
+        "target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)"
+    )
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the top-p probability mass")
+    p.add_argument("--seed", type=int, default=0, help="seeds sampling (default 0)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument(
+        "--engine",
+        choices=("fast", "hf"),
+        default="fast",
+        help="fast: static cache, CUDA-graph decoding, streamed (default); hf: Hugging Face generate",
+    )
+    options.add_json(p, "the prompt's and the new tokens' ids and the new text")
+    options.add_runtime(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> options.Outcome:
+    """Continue one prompt, streaming tokens as they come (``--engine hf``: Hugging Face ``generate``)."""
+    from svdmlp.engine import Engine, Sampling
+    from svdmlp.engine.stream import TextStream
+
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
+    model, tokenizer, _ = load_target(args.target, args)
+    prompt = _prompt_ids(tokenizer, args)
+    stream = TextStream(tokenizer, lambda text: print(text, end="", flush=True))
+    if args.engine == "hf":
+        new = _hf_generate(model, prompt, sampling, args.max_new_tokens, tokenizer.eos_token_id)
+        stream.push(new)
+    else:
+        result = Engine(model, max_batch=1).generate(
+            [prompt],
+            args.max_new_tokens,
+            sampling,
+            stop_tokens=_stop_tokens(model, tokenizer),
+            on_tokens=lambda tokens: stream.push(tokens[0]),
+        )
+        new = result.tokens[0]
+    stream.close()
+    print()
+    record = {
+        "prompt_ids": list(prompt),
+        "new_ids": new,
+        "text": tokenizer.decode(new, skip_special_tokens=True),
+        "sampling": asdict(sampling),
+        "engine": args.engine,
+    }
+    return options.Outcome(0, record)
+
+
+def _prompt_ids(tokenizer, args) -> list[int]:
+    if not args.chat:
+        return tokenizer(args.prompt)["input_ids"]
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template; drop --chat")
+    messages = [{"role": "user", "content": args.prompt}]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    return list(encoded["input_ids"])
+
+
+def _stop_tokens(model, tokenizer) -> set[int]:
+    """The tokenizer's end-of-sequence id and every one the model's generation config names."""
+    configured = model.generation_config.eos_token_id
+    ids = set(configured if isinstance(configured, list) else [configured])
+    ids.add(tokenizer.eos_token_id)
+    return {i for i in ids if i is not None}
+
+
+def _hf_generate(model, prompt: list[int], sampling, max_new_tokens: int, pad_id) -> list[int]:
+    """Plain ``model.generate`` (dynamic cache, no graphs): the reference path."""
+    import torch
+
+    device = next(model.parameters()).device
+    torch.manual_seed(sampling.seed)
+    kwargs = {"do_sample": False}
+    if not sampling.greedy:
+        kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p}
+        kwargs["top_k"] = sampling.top_k or 0  # 0: no top-k (the generation config may default to 50)
+    with torch.no_grad():
+        output = model.generate(
+            torch.tensor([prompt], device=device),
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad_id,
+            **kwargs,
+        )
+    return output[0, len(prompt) :].tolist()

@@ -1,0 +1,250 @@
+"""The options more than one command takes: each declared once here and read once, into a typed value.
+
+Every ``add_*`` declares a group of options on a command's parser; the function beside it turns the
+parsed values into what the library takes (a :class:`~svdmlp.config.CalibrationSpec`, an
+:class:`~svdmlp.evaluate.suite.EvalSettings`, a device and dtype...). Nothing here imports torch at
+import time: ``svdmlp --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from svdmlp.backends import BACKENDS
+from svdmlp.config import CalibrationSpec, LoraSpec
+
+DTYPES = ("float32", "bfloat16", "float16")
+MODEL_HELP = (
+    "built-in model (smollm2-135m, qwen2.5-coder-0.5b), .gguf file, model directory or hub id "
+    "(default: smollm2-135m)"
+)
+
+
+def comma_list(kind: Callable[[str], object] = str) -> Callable[[str], tuple]:
+    """An argparse type: ``"a,b"`` -> ``(kind("a"), kind("b"))``, blanks dropped, a usage error otherwise."""
+
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(part.strip()) for part in text.split(",") if part.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+
+    return parse
+
+
+# --- where and how a command runs ---------------------------------------------------------------
+
+
+def add_runtime(parser: argparse.ArgumentParser, dtype: bool = True, backend: bool = True) -> None:
+    """``--device`` (and ``--dtype``, ``--backend``): every command that runs a model."""
+    parser.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)"
+    )
+    if dtype:
+        parser.add_argument(
+            "--dtype",
+            choices=DTYPES,
+            default=None,
+            help="compute dtype (default: bfloat16 on CUDA, float32 on CPU)",
+        )
+    if backend:
+        parser.add_argument(
+            "--backend",
+            choices=BACKENDS,
+            default="auto",
+            help="kernels for low-rank layers (default auto: triton on CUDA, torch elsewhere)",
+        )
+
+
+def runtime(args: argparse.Namespace):
+    """(torch.device, torch.dtype) of ``--device`` and ``--dtype`` (see :func:`svdmlp.runtime.resolve`)."""
+    from svdmlp.runtime import quiet_transformers, resolve
+
+    quiet_transformers()
+    return resolve(args.device, getattr(args, "dtype", None))
+
+
+# --- compression --------------------------------------------------------------------------------
+
+
+def add_calibration(parser: argparse.ArgumentParser) -> None:
+    """Rank alignment and the calibration text (``compress`` and ``sweep``)."""
+    parser.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
+    parser.add_argument(
+        "--calib",
+        default="shakespeare",
+        metavar="SOURCE[:WEIGHT],...",
+        help="calibration text: 'shakespeare' (default), 'gsm8k' or a file; a comma-separated list with "
+        "weights mixes them, e.g. shakespeare:3,notes.txt:1",
+    )
+    parser.add_argument("--calib-samples", type=int, default=32, help="calibration windows (default 32)")
+    parser.add_argument(
+        "--calib-seq-len", type=int, default=512, help="tokens per calibration window (default 512)"
+    )
+
+
+def calibration_spec(args: argparse.Namespace) -> CalibrationSpec:
+    return CalibrationSpec(args.calib, args.calib_samples, args.calib_seq_len)
+
+
+def add_lora(parser: argparse.ArgumentParser) -> None:
+    """The knobs of distillation healing ("lora"), shared by compress and sweep."""
+    parser.add_argument(
+        "--heal-steps", type=int, default=LoraSpec.steps, help="lora: training steps (default %(default)s)"
+    )
+    parser.add_argument(
+        "--heal-lr", type=float, default=LoraSpec.lr, help="lora: peak learning rate (default %(default)s)"
+    )
+    parser.add_argument(
+        "--heal-seq-len",
+        type=int,
+        default=LoraSpec.seq_len,
+        help="lora: tokens per step (default %(default)s)",
+    )
+
+
+def lora_spec(args: argparse.Namespace) -> LoraSpec:
+    return LoraSpec(args.heal_steps, args.heal_lr, args.heal_seq_len)
+
+
+# --- evaluation ---------------------------------------------------------------------------------
+
+
+def add_perplexity(parser: argparse.ArgumentParser, default_texts: str) -> None:
+    """Perplexity texts, literature sets and windows (``eval`` and ``sweep``); ``default_texts`` is
+    --text's default, in words."""
+    parser.add_argument(
+        "--text",
+        action="append",
+        default=None,
+        help=f"text file, 'shakespeare-heldout' or 'gsm8k' (repeatable; default: {default_texts})",
+    )
+    parser.add_argument(
+        "--dataset", action="append", default=[], help="wikitext2, ptb or c4 through `datasets` (repeatable)"
+    )
+    parser.add_argument(
+        "--data-files",
+        action="append",
+        default=[],
+        metavar="SET=PATH",
+        help="local copy of a --dataset, e.g. wikitext2=test.parquet",
+    )
+    parser.add_argument(
+        "--seq-len", type=int, default=2048, help="tokens per window (default 2048, as in the literature)"
+    )
+    parser.add_argument(
+        "--max-windows", type=int, default=None, help="score only the first N windows of each text"
+    )
+    parser.add_argument("--batch-size", type=int, default=1)
+
+
+def add_tasks(parser: argparse.ArgumentParser) -> None:
+    """lm-eval zero-shot tasks (``eval`` and ``sweep``)."""
+    parser.add_argument(
+        "--tasks",
+        type=comma_list(),
+        default=(),
+        metavar="NAME[,NAME]",
+        help="lm-eval tasks, e.g. arc_easy,hellaswag; 'paper' = the paper's six, 'paper+' adds boolq,mathqa",
+    )
+    parser.add_argument(
+        "--include-path", default=None, metavar="DIR", help="folder of extra lm-eval task YAMLs (local tasks)"
+    )
+    parser.add_argument("--limit", type=int, default=None, help="score only the first N documents per task")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seeds lm-eval (and a sweep's calibration; default 0)"
+    )
+
+
+def eval_settings(args: argparse.Namespace):
+    """The :class:`~svdmlp.evaluate.suite.EvalSettings` of ``add_perplexity`` and ``add_tasks``."""
+    from svdmlp.evaluate import suite
+
+    if args.include_path is not None and not Path(args.include_path).is_dir():
+        raise FileNotFoundError(f"--include-path {args.include_path} is not a directory")
+    return suite.EvalSettings(
+        seq_len=args.seq_len,
+        max_windows=args.max_windows,
+        batch_size=args.batch_size,
+        tasks=args.tasks,
+        include_path=args.include_path,
+        limit=args.limit,
+        seed=args.seed,
+    )
+
+
+def eval_texts(args: argparse.Namespace, default: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(name, text) to score, from ``--text``, ``--dataset`` and ``--data-files``.
+
+    The ``--text`` sources come first, or ``default`` when there is no ``--text`` and no ``--dataset``
+    (naming a perplexity set replaces the default texts), then each ``--dataset`` set, read from its
+    ``--data-files`` copy when one is given. Every name must be distinct: it keys the perplexity results.
+    """
+    from svdmlp import corpora
+    from svdmlp.evaluate import datasets
+
+    files = {}
+    for item in args.data_files:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--data-files expects SET=PATH, got {item!r}")
+        files[name] = path
+    unknown = sorted(set(files) - set(args.dataset))
+    if unknown:
+        raise ValueError(f"--data-files given for {unknown}, which are not among --dataset {args.dataset}")
+    sources = args.text or ([] if args.dataset else list(default))
+    names = [*sources, *args.dataset]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{repeated} named more than once among --text and --dataset")
+    texts = [(source, corpora.read_text(source)) for source in sources]
+    texts += [(name, datasets.load_text(name, files.get(name))) for name in args.dataset]
+    return texts
+
+
+# --- machine-readable output --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command ends with: its exit status and the record that ``--json`` writes (None: none)."""
+
+    code: int = 0
+    record: dict | None = None
+
+
+def add_json(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--json FILE``, the same on every command: the result as JSON to FILE, or with ``-`` to
+    standard output (the human-readable report then goes to standard error)."""
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        default=None,
+        help=f"write {what} as JSON to FILE ('-': standard output, the report moving to standard error)",
+    )
+
+
+def write_json(record: dict, target: str) -> None:
+    """Write ``record`` to ``target`` ('-' for standard output); a file is replaced atomically."""
+    text = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    path = Path(target).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(text)
+        os.replace(staging, path)
+    finally:
+        if os.path.exists(staging):
+            os.unlink(staging)

@@ -1,0 +1,111 @@
+"""``svdmlp sweep``: compress at several keeps and recipes, evaluate each, write a report with plots."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from svdmlp.cli import options
+from svdmlp.config import RECIPE_OPTIONS, CompressConfig
+
+# What a sweep scores when neither --text nor --dataset is given.
+DEFAULT_TEXTS = ("shakespeare-heldout", "gsm8k")
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    """Add ``sweep [MODEL] --keep LIST --method LIST --out DIR`` (with eval's and compress's shared options)."""
+    p = commands.add_parser(
+        "sweep",
+        help="compress at several keeps and methods, evaluate each, write a Markdown report with plots",
+        description=(
+            "Resumable: each finished point is OUT/points/NAME.json; a rerun skips it (so rerunning "
+            "with --bench FILE added only rebuilds the report)."
+        ),
+    )
+    p.add_argument("model", nargs="?", default=None, help="as for compress (default: smollm2-135m)")
+    p.add_argument(
+        "--keep", type=options.comma_list(float), default=(0.95, 0.9, 0.8, 0.7, 0.6), help="target keeps"
+    )
+    p.add_argument(
+        "--method",
+        type=options.comma_list(),
+        default=("whiten", "svd"),
+        metavar="RECIPE[,RECIPE]",
+        help="whiten, svd, or either followed by +OPTION for each of "
+        f"{', '.join(RECIPE_OPTIONS)} (compress's flags), e.g. whiten+sequential+closed-form+lora; "
+        "every recipe runs at every keep (default whiten,svd)",
+    )
+    p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
+    options.add_perplexity(p, " and ".join(DEFAULT_TEXTS) + " unless --dataset is given")
+    options.add_calibration(p)
+    p.add_argument(
+        "--bench",
+        type=Path,
+        metavar="FILE",
+        help="a `svdmlp bench e2e --json` file: the report adds decode speedup per keep next to perplexity",
+    )
+    options.add_lora(p)
+    options.add_tasks(p)
+    options.add_json(p, "every point's record and the report's path")
+    options.add_runtime(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> options.Outcome:
+    from svdmlp.evaluate import suite
+    from svdmlp.sweep import markdown, runner, speed
+
+    points = runner.plan(args.keep, args.method)
+    bench = speed.load(args.bench) if args.bench else None  # checked before any work
+    settings = options.eval_settings(args)
+    base = CompressConfig(
+        align=args.align,
+        calibration=options.calibration_spec(args),
+        seed=args.seed,
+        lora=options.lora_spec(args),
+    )
+    # Unlike eval, tasks do not drop the default texts: a sweep's report is built around perplexity.
+    texts = options.eval_texts(args, DEFAULT_TEXTS)
+    device, dtype = options.runtime(args)
+    print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
+    records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
+    sources = [name for name, _ in texts if name not in args.dataset]  # names are distinct
+    path = markdown.write_report(args.out, records, command_line(args, sources), bench)
+    failed = suite.failures([{**r, "kind": r["point"]} for r in records])
+    for line in failed:
+        print(line)
+    print(f"report: {path}")
+    return options.Outcome(1 if failed else 0, {"report": str(path), "points": records, "failed": failed})
+
+
+def command_line(args, sources: list[str]) -> str:
+    """The command that reproduces this sweep, every setting spelled out (for the report's head)."""
+    words = ["svdmlp", "sweep", *([args.model] if args.model else [])]
+    words += ["--keep", ",".join(f"{k:g}" for k in args.keep), "--method", ",".join(args.method)]
+    for source in sources:
+        words += ["--text", source]
+    for name in args.dataset:
+        words += ["--dataset", name]
+    for item in args.data_files:
+        words += ["--data-files", item]
+    words += ["--seq-len", str(args.seq_len)]
+    if args.max_windows:
+        words += ["--max-windows", str(args.max_windows)]
+    if args.batch_size != 1:
+        words += ["--batch-size", str(args.batch_size)]
+    words += ["--align", str(args.align), "--calib", args.calib]
+    words += ["--calib-samples", str(args.calib_samples), "--calib-seq-len", str(args.calib_seq_len)]
+    if any("lora" in recipe.split("+") for recipe in args.method):
+        words += ["--heal-steps", str(args.heal_steps), "--heal-lr", f"{args.heal_lr:g}"]
+        words += ["--heal-seq-len", str(args.heal_seq_len)]
+    if args.tasks:
+        words += ["--tasks", ",".join(args.tasks)]
+        if args.include_path:
+            words += ["--include-path", args.include_path]
+        if args.limit:
+            words += ["--limit", str(args.limit)]
+    if args.bench:
+        words += ["--bench", str(args.bench)]
+    words += ["--seed", str(args.seed), "--out", str(args.out)]
+    return shlex.join(words)

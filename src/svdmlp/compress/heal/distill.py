@@ -1,0 +1,214 @@
+"""Healing by distillation (``heal="lora"``): train the low-rank factors towards the dense model.
+
+The factors ``V·U`` are themselves a low-rank parametrisation of each MLP weight, so healing trains
+them directly, LoRA-style, with nothing to merge afterwards and no extra parameters: the
+checkpoint keeps exactly the compressed layout. Every other weight is frozen. The loss is the KL
+divergence from the dense model's next-token distribution to the compressed model's on calibration
+windows (knowledge distillation): it pulls the model back towards what it was, rather than towards
+the calibration text, so other domains heal too (a next-token loss on Shakespeare would teach
+Shakespeare).
+
+The dense teacher costs no copy of the model: compression keeps the dense MLP modules aside and
+:class:`DenseTeacher` swaps them back in for the teacher's forward pass. Factors stored in a
+half-precision dtype are trained through float32 master copies (AdamW's small updates vanish in
+bf16).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from svdmlp import arch, lowrank
+from svdmlp.config import LoraSpec
+
+# Fraction of the steps spent warming the learning rate up (at least one step).
+WARMUP = 0.1
+
+
+class DenseTeacher:
+    """The dense MLP modules of some layers, kept before compression replaces them.
+
+    Records every slot compression may fill (the layer's MLP, and each projection inside it) so
+    that :meth:`active` can put the dense modules back whichever way the layer was compressed.
+    """
+
+    def __init__(self, model: nn.Module, spec: arch.ArchSpec, indices: list[int]):
+        layers = arch.decoder_layers(model, spec)
+        self._slots = []
+        for index in indices:
+            layer = layers[index]
+            mlp = getattr(layer, spec.mlp)
+            self._slots.append((layer, spec.mlp, mlp))
+            for name in arch.PROJECTIONS:
+                attribute = spec.projection(name)
+                self._slots.append((mlp, attribute, getattr(mlp, attribute)))
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Within the block the model is the dense one again."""
+        current = [(parent, attribute, getattr(parent, attribute)) for parent, attribute, _ in self._slots]
+        try:
+            for parent, attribute, dense in self._slots:
+                setattr(parent, attribute, dense)
+            yield
+        finally:
+            for parent, attribute, module in reversed(current):
+                setattr(parent, attribute, module)
+
+
+@dataclass(frozen=True)
+class DistillResult:
+    """What healing did: steps, tokens, seconds and the validation KL (nats/token) before and after."""
+
+    steps: int
+    tokens: int
+    seconds: float
+    kl_before: float
+    kl_after: float  # of the trained factors, also when they were reverted
+    reverted: bool = False  # the validation KL rose, so the factors from before healing were put back
+
+    def to_dict(self) -> dict:
+        return {
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "kl_before": self.kl_before,
+            "kl_after": self.kl_after,
+            "reverted": self.reverted,
+        }
+
+
+def token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of ``KL(teacher ‖ student)`` of the next-token distributions, in float32."""
+    student = F.log_softmax(student_logits.float(), dim=-1).flatten(0, -2)
+    teacher = F.log_softmax(teacher_logits.float(), dim=-1).flatten(0, -2)
+    return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+
+
+@torch.no_grad()
+def _teacher_logits(model: nn.Module, teacher: DenseTeacher, ids: torch.Tensor) -> torch.Tensor:
+    with teacher.active():
+        return model(input_ids=ids, use_cache=False).logits
+
+
+@torch.no_grad()
+def validation_kl(model: nn.Module, teacher: DenseTeacher, windows: torch.Tensor) -> float:
+    """Mean token KL from the dense model to ``model`` over ``windows`` (one window at a time)."""
+    device = next(model.parameters()).device
+    total = 0.0
+    for window in windows:
+        ids = window[None].to(device)
+        student = model(input_ids=ids, use_cache=False).logits
+        total += float(token_kl(student, _teacher_logits(model, teacher, ids)))
+    return total / len(windows)
+
+
+def _schedule(steps: int):
+    warmup = max(1, round(WARMUP * steps))
+    return lambda step: min(1.0, (step + 1) / warmup) * (1.0 - step / steps)
+
+
+@contextmanager
+def _trainable_factors(model: nn.Module) -> Iterator[list[tuple[nn.Parameter, torch.Tensor]]]:
+    """Freeze everything but the factors, run them on the differentiable PyTorch path, and yield
+    ``(parameter, float32 master)`` pairs (the master is the parameter itself when it is fp32)."""
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    modules = lowrank.lowrank_modules(model)
+    backend = modules[0].backend  # set_backend gives every module of a model the same one
+    pairs = []
+    for module in modules:
+        for parameter in module.parameters():
+            master = parameter if parameter.dtype == torch.float32 else parameter.detach().float()
+            pairs.append((parameter, master.requires_grad_(True)))
+            parameter.requires_grad_(True)
+    try:
+        for p in frozen:
+            p.requires_grad_(False)
+        lowrank.set_backend(model, "torch")  # the Triton kernels have no backward pass
+        yield pairs
+    finally:
+        lowrank.set_backend(model, backend)
+        for parameter, _ in pairs:
+            parameter.requires_grad_(False)
+            parameter.grad = None
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def distill(
+    model: nn.Module,
+    teacher: DenseTeacher,
+    windows: torch.Tensor,
+    validation: torch.Tensor,
+    spec: LoraSpec,
+    progress: bool = True,
+) -> DistillResult:
+    """Train ``model``'s low-rank factors for ``spec.steps`` steps, one window of ``windows`` each.
+
+    Args:
+        windows: training tokens ``(steps, seq_len)``.
+        validation: a few other windows on which the KL is measured before and after; if it rose,
+            the factors from before healing are put back (and the result says so).
+
+    Raises:
+        ValueError: if the model has no low-rank modules, or the loss stops being finite.
+    """
+    factors = [p for m in lowrank.lowrank_modules(model) for p in m.parameters()]
+    if not factors:
+        raise ValueError("nothing to heal: the model has no low-rank MLP modules")
+    started = time.perf_counter()
+    device = next(model.parameters()).device
+    kl_before = validation_kl(model, teacher, validation)
+    before = [p.detach().clone() for p in factors]
+    was_training = model.training
+    model.eval()  # deterministic forward (no dropout) for both student and teacher
+    with _trainable_factors(model) as pairs:
+        masters = [master for _, master in pairs]
+        optimizer = torch.optim.AdamW(masters, lr=spec.lr, weight_decay=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(spec.steps))
+        bar = tqdm(range(spec.steps), desc="healing", unit="step", disable=not progress)
+        for step in bar:
+            ids = windows[step % len(windows)][None].to(device)
+            target = _teacher_logits(model, teacher, ids)
+            loss = token_kl(model(input_ids=ids, use_cache=False).logits, target)
+            if not torch.isfinite(loss):
+                raise ValueError(
+                    f"healing diverged: the loss is {loss.item()} at step {step}; lower the learning "
+                    "rate (--heal-lr) or check the model for inf/NaN activations"
+                )
+            loss.backward()
+            for parameter, master in pairs:
+                if master is not parameter:
+                    master.grad = parameter.grad.float()
+                    parameter.grad = None
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            with torch.no_grad():
+                for parameter, master in pairs:
+                    if master is not parameter:
+                        parameter.copy_(master)
+            bar.set_postfix(kl=f"{loss.item():.4f}")
+    model.train(was_training)
+    kl_after = validation_kl(model, teacher, validation)
+    reverted = kl_after > kl_before
+    if reverted:  # healing must never leave the model further from the dense one than it found it
+        with torch.no_grad():
+            for parameter, saved in zip(factors, before, strict=True):
+                parameter.copy_(saved)
+    return DistillResult(
+        steps=spec.steps,
+        tokens=spec.steps * windows.shape[1],
+        seconds=time.perf_counter() - started,
+        kl_before=kl_before,
+        kl_after=kl_after,
+        reverted=reverted,
+    )

@@ -1,0 +1,134 @@
+"""Low-rank replacements for a projection and for a whole gated MLP, and swapping them into a model.
+
+Factors are stored in the layout the kernels want (see :mod:`svdmlp.backends.torch_ref`):
+``u_t (in, r)`` and ``v_t (r, out)``, so that no transpose happens at run time. The forward pass
+dispatches to the backend named by the module's ``backend`` attribute ("torch" or "triton"),
+set by :func:`set_backend`. Modules are replaced per instance, by name; classes are never patched.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from svdmlp import arch, backends
+from svdmlp.compress.decompose import Factors
+
+
+def _empty(rows: int, cols: int, dtype: torch.dtype, device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(rows, cols, dtype=dtype, device=device), requires_grad=False)
+
+
+class LowRankLinear(nn.Module):
+    """``y = (x @ u_t) @ v_t``: a rank-r stand-in for a bias-free ``nn.Linear(in, out)``."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int, dtype=torch.float32, device=None):
+        super().__init__()
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        self.u_t = _empty(in_features, rank, dtype, device)  # (in, r)
+        self.v_t = _empty(rank, out_features, dtype, device)  # (r, out)
+        self.backend = "torch"
+
+    @torch.no_grad()
+    def load_factors(self, factors: Factors) -> None:
+        """Copy ``W ≈ v @ u`` into this module's (in, r) / (r, out) layout."""
+        self.u_t.copy_(factors.u.T)
+        self.v_t.copy_(factors.v.T)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return backends.get(self.backend).lowrank_linear(x, self.u_t, self.v_t)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, rank={self.rank}, backend={self.backend}"
+
+
+class LowRankGatedMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))`` with all three projections low-rank.
+
+    Gate and up share one read of ``x``: their shrink factors are concatenated into
+    ``gate_up_u_t (hidden, r_gate + r_up)``.
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        inter: int,
+        ranks: dict[str, int],
+        activation: str,
+        dtype=torch.float32,
+        device=None,
+    ):
+        super().__init__()
+        self.hidden, self.inter, self.activation = hidden, inter, activation
+        self.ranks = {name: ranks[name] for name in arch.PROJECTIONS}
+        self.gate_up_u_t = _empty(hidden, ranks["gate"] + ranks["up"], dtype, device)
+        self.gate_v_t = _empty(ranks["gate"], inter, dtype, device)
+        self.up_v_t = _empty(ranks["up"], inter, dtype, device)
+        self.down_u_t = _empty(inter, ranks["down"], dtype, device)
+        self.down_v_t = _empty(ranks["down"], hidden, dtype, device)
+        self.backend = "torch"
+
+    @torch.no_grad()
+    def load_factors(self, factors: dict[str, Factors]) -> None:
+        """Copy the three projections' factors into the fused layout."""
+        r_gate = self.ranks["gate"]
+        self.gate_up_u_t[:, :r_gate].copy_(factors["gate"].u.T)
+        self.gate_up_u_t[:, r_gate:].copy_(factors["up"].u.T)
+        self.gate_v_t.copy_(factors["gate"].v.T)
+        self.up_v_t.copy_(factors["up"].v.T)
+        self.down_u_t.copy_(factors["down"].u.T)
+        self.down_v_t.copy_(factors["down"].v.T)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return backends.get(self.backend).lowrank_gated_mlp(
+            x, self.gate_up_u_t, self.gate_v_t, self.up_v_t, self.down_u_t, self.down_v_t, self.activation
+        )
+
+    def extra_repr(self) -> str:
+        ranks = ", ".join(f"{k}={v}" for k, v in self.ranks.items())
+        return f"hidden={self.hidden}, inter={self.inter}, ranks=({ranks}), act={self.activation}, backend={self.backend}"
+
+
+def lowrank_modules(model: nn.Module) -> list[LowRankLinear | LowRankGatedMLP]:
+    """Every low-rank module of ``model``, in module order."""
+    return [m for m in model.modules() if isinstance(m, (LowRankLinear, LowRankGatedMLP))]
+
+
+def set_backend(model: nn.Module, name: str = "auto") -> str:
+    """Point every low-rank module of ``model`` at a backend; returns the concrete backend chosen."""
+    device = next(model.parameters()).device
+    concrete = backends.resolve(name, device)
+    for module in lowrank_modules(model):
+        module.backend = concrete
+    return concrete
+
+
+def install(
+    model: nn.Module,
+    spec: arch.ArchSpec,
+    index: int,
+    ranks: dict[str, int],
+    dtype: torch.dtype,
+    device: torch.device | str,
+    factors: dict[str, Factors] | None = None,
+) -> None:
+    """Swap layer ``index``'s MLP (all three projections) or the named projections for low-rank ones.
+
+    With ``factors`` the new modules are filled from them; without, they stay uninitialised (the
+    skeleton that a checkpoint load fills in place, typically on the meta device).
+    """
+    layer = arch.decoder_layers(model, spec)[index]
+    mlp = getattr(layer, spec.mlp)
+    if set(ranks) == set(arch.PROJECTIONS):
+        gate = getattr(mlp, spec.gate)
+        fused = LowRankGatedMLP(gate.in_features, gate.out_features, ranks, spec.activation, dtype, device)
+        if factors is not None:
+            fused.load_factors(factors)
+        setattr(layer, spec.mlp, fused)
+        return
+    for name, rank in ranks.items():
+        dense = getattr(mlp, spec.projection(name))
+        lowrank = LowRankLinear(dense.in_features, dense.out_features, rank, dtype, device)
+        if factors is not None:
+            lowrank.load_factors(factors[name])
+        setattr(mlp, spec.projection(name), lowrank)

@@ -1,0 +1,210 @@
+"""A sweep's Markdown report with PNG plots, rebuilt from its point records alone.
+
+The command that made the sweep heads the report, so that the numbers can be regenerated; the plots
+put perplexity (log scale: plain SVD on small models reaches 10^5 and more) and accuracy against the
+*achieved* keep, since alignment moves every point off its target. With a ``bench e2e`` file
+(``--bench``), a section pairs each benchmarked keep's decode speedup with the sweep's perplexity.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from svdmlp.evaluate import harness, suite
+from svdmlp.plots import new_figure, save_figure
+from svdmlp.sweep import speed
+from svdmlp.tables import markdown_table
+
+SPEED_PLOT = "ppl-vs-speed.png"
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", Path(name).stem if "/" in name else name).strip("-")
+
+
+def _methods(records: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["method"] for r in records if r["method"] != "dense"))
+
+
+def plot_perplexity(records: list[dict], text: str, path: Path) -> None:
+    """Perplexity vs achieved keep, one line per method, the dense model as a dashed line."""
+    figure, axes = new_figure((6, 4))
+    for method in _methods(records):
+        points = sorted((r["achieved_keep"], r["perplexity"][text]) for r in records if r["method"] == method)
+        axes.plot(*zip(*points, strict=True), marker="o", label=method)
+    for r in records:
+        if r["method"] == "dense":
+            axes.axhline(r["perplexity"][text], color="black", linestyle="--", label="dense")
+    axes.set(xlabel="achieved keep (fraction of MLP parameters)", ylabel="perplexity", yscale="log")
+    axes.set_title(f"perplexity on {text}")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    save_figure(figure, path)
+
+
+def plot_accuracy(records: list[dict], task: str, path: Path) -> None:
+    """acc (solid) and acc_norm (dotted) vs achieved keep, one colour per method; dense as lines."""
+    figure, axes = new_figure((6, 4))
+    for index, method in enumerate(["dense", *_methods(records)]):
+        rows = sorted((r for r in records if r["method"] == method), key=lambda r: r["achieved_keep"])
+        for metric, style in zip(harness.METRICS, ("-", ":"), strict=True):
+            points = [
+                (r["achieved_keep"], r["tasks"][task]["metrics"][metric])
+                for r in rows
+                if metric in r["tasks"][task]["metrics"]
+            ]
+            if points:
+                axes.plot(
+                    *zip(*points, strict=True),
+                    marker="o",
+                    linestyle=style,
+                    color=f"C{index}",
+                    label=f"{method} {metric}",
+                )
+    axes.set(xlabel="achieved keep (fraction of MLP parameters)", ylabel="accuracy", title=task)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+    save_figure(figure, path)
+
+
+def plot_speed(comparison: speed.Comparison, texts: list[str], path: Path) -> None:
+    """Perplexity vs decode speedup over dense, one line per text through dense and the keeps in
+    falling order, each point labelled with its keep."""
+    batch = comparison.plot_batch
+    pairings = [p for p in comparison.pairings if batch in p.decode]  # dense, then keeps falling
+    figure, axes = new_figure((6, 4))
+    for index, text in enumerate(texts):
+        xs = [p.decode[batch][0] for p in pairings]
+        ys = [p.record["perplexity"][text] for p in pairings]
+        axes.plot(xs, ys, marker="o", color=f"C{index}", label=text)
+        for p, x, y in zip(pairings, xs, ys, strict=True):
+            label = p.label if p.exact else f"{p.label} (PPL at {p.record['target_keep']:g})"
+            axes.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    axes.set(xlabel=f"decode speedup over dense (batch {batch})", ylabel="perplexity", yscale="log")
+    axes.set_title(f"{comparison.method}: perplexity vs decode speed", fontsize=10)
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize="small")
+    save_figure(figure, path)
+
+
+def speed_section(out: Path, records: list[dict], bench: speed.Bench) -> list[str]:
+    """The "Speed vs quality" section: provenance, pairings, the table, and ``ppl-vs-speed.png``."""
+    sweep = records[0]["sweep"]
+    texts, comparison = sweep["texts"], speed.compare(bench, records)
+    if speed.same_model(comparison.model, sweep["model"]):
+        measured = f"{comparison.model}, the sweep's model"
+    else:
+        measured = f"{comparison.model}, **not** the sweep's model (the speedups are that model's)"
+    pairs = ", ".join(
+        f"{p.label} → {p.record['point']} ({'same' if p.exact else 'nearest'} target keep, "
+        f"achieved {p.record['achieved_keep']:.4f})"
+        for p in comparison.pairings
+        if p.keep is not None
+    )
+    lines = [
+        "## Speed vs quality",
+        "",
+        f"- Speeds: {bench.provenance()}.",
+        f"- Model benchmarked: {measured}.",
+        "- decode B=N: speedup over dense of one decode step at batch N (N new tokens, one per sequence), "
+        "its ms in brackets; the bench times random factors of the ranks its keep gives.",
+    ]
+    if comparison.has_ideal:
+        lines.append(
+            "- ideal: dense weight bytes over the variant's, the speedup of a purely weight-streaming decode."
+        )
+    lines.append(f"- Perplexity of the {comparison.method} point paired with each bench keep: {pairs}.")
+    bench_align = bench.config.get("align")
+    if bench_align is not None and bench_align != sweep["compress"]["align"]:
+        lines.append(
+            f"- The bench aligned ranks to {bench_align}, the sweep to {sweep['compress']['align']}: "
+            "the ranks timed are not exactly the ranks scored."
+        )
+    headers = ["bench keep", "point", "achieved keep"] + [f"decode B={b}" for b in comparison.batches]
+    headers += ["ideal"] if comparison.has_ideal else []
+    headers += [f"PPL {t}" for t in texts]
+    rows = []
+    for p in comparison.pairings:
+        cells = [
+            p.label,
+            p.record["point"] + ("" if p.exact else " (nearest)"),
+            f"{p.record['achieved_keep']:.4f}",
+        ]
+        for batch in comparison.batches:
+            cells.append(
+                f"{p.decode[batch][0]:.2f}x ({p.decode[batch][1] * 1e3:.3g} ms)" if batch in p.decode else "-"
+            )
+        cells += [f"{p.ideal:.2f}x"] if comparison.has_ideal else []
+        cells += [p.record["perplexity"][t] for t in texts]
+        rows.append(cells)
+    lines += ["", markdown_table(headers, rows)]
+    plot_speed(comparison, texts, out / SPEED_PLOT)
+    return lines + ["", f"![perplexity vs decode speedup]({SPEED_PLOT})", ""]
+
+
+def write_report(out: Path, records: list[dict], command: str, bench: speed.Bench | None = None) -> Path:
+    """Write ``OUT/report.md`` and its plots (with ``bench``: the speed-vs-quality section); return its path."""
+    sweep = records[0]["sweep"]
+    texts, tasks = sweep["texts"], sweep["settings"]["tasks"]
+    lines = [
+        f"# Sweep: {sweep['model']}",
+        "",
+        "Generated by:",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"- {suite.KEEP_DEFINITION}.",
+        "- target keep is what was asked; achieved keep is the MLP's kept fraction after rank alignment "
+        f"(align {sweep['compress']['align']}).",
+        f"- Perplexity: {suite.EvalSettings(**sweep['settings']).protocol(sweep['dtype'], 'the CPU')}.",
+        f"- Calibration (whiten): {_calibration(sweep['compress'])}" + _calibration_hash(records) + ".",
+        "- compress s: wall seconds of compression when the point ran; a resumed sweep's points may come from "
+        "runs on differently loaded machines, and within one run the keeps after the first reuse its whitenings.",
+        "",
+        _table(records, texts, tasks),
+        "",
+    ]
+    for text in texts:
+        name = f"ppl-{_slug(text)}.png"
+        plot_perplexity(records, text, out / name)
+        lines += [f"![perplexity on {text}]({name})", ""]
+    for task in tasks:
+        if all(not r["tasks"][task]["error"] for r in records):
+            name = f"acc-{_slug(task)}.png"
+            plot_accuracy(records, task, out / name)
+            lines += [f"![{task}]({name})", ""]
+    if bench is not None:
+        lines += speed_section(out, records, bench)
+    failed = suite.failures([{**r, "kind": r["point"]} for r in records])
+    if failed:
+        lines += ["## Failed tasks", "", *(f"- {line}" for line in failed), ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _calibration(compress: dict) -> str:
+    spec = compress["calibration"]
+    return f"{spec['num_samples']} windows of {spec['seq_len']} tokens of {spec['source']}, seed {compress['seed']}"
+
+
+def _calibration_hash(records: list[dict]) -> str:
+    hashes = {r["calibration"].get("sha256") for r in records if r.get("calibration")}
+    return f" (token SHA-256 {', '.join(h[:16] for h in sorted(hashes))}…)" if hashes else ""
+
+
+def _table(records: list[dict], texts: list[str], tasks: list[str]) -> str:
+    headers = ["point", "target keep", "achieved keep", "compress s"] + [f"PPL {t}" for t in texts]
+    headers += [f"{task} {metric}" for task in tasks for metric in harness.METRICS]
+    rows = []
+    for r in records:
+        cells = [r["point"], r["target_keep"], f"{r['achieved_keep']:.4f}", f"{r['compress_seconds']:.1f}"]
+        cells += [r["perplexity"][t] for t in texts]
+        for task in tasks:
+            result = r["tasks"][task]
+            cells += ["failed" if result["error"] else result["metrics"].get(m, "-") for m in harness.METRICS]
+        rows.append(cells)
+    return markdown_table(headers, rows)
