@@ -27,7 +27,7 @@ timeout "$TEST_TIMEOUT" "$PYTHON" -m pytest -m gpu tests/engine -q -p no:cachepr
 echo "pytest exit status: ${PIPESTATUS[0]}"
 
 echo "== bench e2e (cut at ${BENCH_TIMEOUT}s)"
-timeout "$BENCH_TIMEOUT" "$PYTHON" -m svdmlp.bench e2e ${1:+"$1"} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" 2>&1 \
+timeout "$BENCH_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${1:+"$1"} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" 2>&1 \
     | tee "$OUT/e2e.txt"
 status=${PIPESTATUS[0]}
 echo "bench exit status: $status (124 = cut by the timeout)"

@@ -24,13 +24,7 @@ timeout "$TEST_TIMEOUT" "$PYTHON" -m pytest -m gpu tests/kernels -q -p no:cachep
 echo "pytest exit status: ${PIPESTATUS[0]}"
 
 echo "== bench kernel (row budget ${BENCH_BUDGET}s)"
-# The main CLI's `svdmlp bench` where it is installed and wired, else the benchmark's own entry point.
-if command -v svdmlp >/dev/null 2>&1 && svdmlp bench --help >/dev/null 2>&1; then
-    BENCH=(svdmlp bench)
-else
-    BENCH=("$PYTHON" -m svdmlp.bench)
-fi
-"${BENCH[@]}" kernel --json "$OUT/kernel.json" --plot "$OUT/kernel.png" --budget-s "$BENCH_BUDGET" 2>&1 \
+"$PYTHON" -m svdmlp bench kernel --json "$OUT/kernel.json" --plot "$OUT/kernel.png" --budget-s "$BENCH_BUDGET" 2>&1 \
     | tee "$OUT/bench.txt"
 status=${PIPESTATUS[0]}
 echo "bench exit status: $status (1 = a fused output failed its correctness check)"

@@ -82,7 +82,7 @@ def untied_model(model_type: str, **overrides) -> torch.nn.Module:
 def compress_for_generation(model, tokenizer, text_file) -> torch.nn.Module:
     """Compress a tiny model in place (keep 0.5, 4 calibration windows of 32 tokens) and return it:
     the compressed model the generation tests run."""
-    from svdmlp.compress import pipeline
+    from svdmlp.compression import pipeline
     from svdmlp.config import CalibrationSpec, CompressConfig
 
     config = CompressConfig(keep=0.5, align=8, calibration=CalibrationSpec(str(text_file), 4, 32))
@@ -196,3 +196,35 @@ def count_calls(monkeypatch, module, name: str) -> list:
     calls, real = [], getattr(module, name)
     monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """``svdmlp ARGV`` in-process: (exit code, stdout, stderr)."""
+    from svdmlp.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_cli_error(capsys, command: str, argv, *phrases: str) -> str:
+    """Run ``argv``; expect exit 2 and exactly one stderr line ``svdmlp COMMAND: error: ...``."""
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith(f"svdmlp {command}: error: "), line
+    assert "Traceback" not in err
+    for phrase in phrases:
+        assert phrase in line, (phrase, line)
+    return line
+
+
+def snapshot(directory) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``directory`` with its bytes and time of change: to show nothing was touched."""
+    return {
+        str(p.relative_to(directory)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
-from conftest import ARCH_CONFIGS, SAMPLE_TEXT, VOCAB, tiny_model
+from conftest import ARCH_CONFIGS, SAMPLE_TEXT, VOCAB, snapshot, tiny_model
 from svdmlp import checkpoint
-from svdmlp.compress import pipeline
-from svdmlp.compress.report import CompressionReport
+from svdmlp.compression import pipeline
+from svdmlp.compression.report import CompressionReport
 from svdmlp.config import CalibrationSpec, CompressConfig
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
 from svdmlp.paths import file_sha256
@@ -33,15 +36,6 @@ def _logits(model) -> torch.Tensor:
     ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         return model(ids).logits
-
-
-def _snapshot(directory) -> dict[str, tuple[bytes, int]]:
-    """Every file under ``directory``: its bytes and modification time, by relative path."""
-    return {
-        str(path.relative_to(directory)): (path.read_bytes(), path.stat().st_mtime_ns)
-        for path in sorted(directory.rglob("*"))
-        if path.is_file()
-    }
 
 
 def _mlp(model, index: int):
@@ -156,6 +150,14 @@ def test_metadata_records_config_report_and_checksum(saved):
     weights = directory / "model.safetensors"
     assert metadata["weights"]["bytes"] == weights.stat().st_size
     assert metadata["weights"]["sha256"] == file_sha256(weights)
+    # Every file but svdmlp.json itself, the weights included.
+    files = sorted(p.name for p in directory.iterdir() if p.name != "svdmlp.json")
+    assert sorted(metadata["files"]) == files
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    for name in files:
+        path = directory / name
+        assert metadata["files"][name] == {"bytes": path.stat().st_size, "sha256": file_sha256(path)}, name
+    assert metadata["weights"] == {"file": "model.safetensors", **metadata["files"]["model.safetensors"]}
     assert metadata["report"]["calibration"]["tokens"] == 4 * 32
     assert {"svdmlp", "torch", "transformers", "safetensors"} == set(metadata["versions"])
     assert checkpoint.is_checkpoint(directory)
@@ -177,7 +179,7 @@ def test_save_never_replaces_a_directory_that_is_not_a_checkpoint(saved, tokeniz
     (target / "sub").mkdir(parents=True)
     (target / "notes.txt").write_text("keep me")
     (target / "sub" / "data.bin").write_bytes(bytes(range(256)))
-    before = _snapshot(target)
+    before = snapshot(target)
     metadata = checkpoint.read_metadata(saved[0])
     config = CompressConfig.from_dict(metadata["config"])
     report = CompressionReport.from_dict(metadata["report"])
@@ -185,7 +187,7 @@ def test_save_never_replaces_a_directory_that_is_not_a_checkpoint(saved, tokeniz
         FileExistsError, match="exists and is not an svdmlp checkpoint; refusing to replace it"
     ):
         checkpoint.save(target, model, tokenizer, config, report, base_model="x", overwrite=overwrite)
-    assert _snapshot(target) == before
+    assert snapshot(target) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["precious"]
 
 
@@ -206,11 +208,11 @@ def test_save_into_an_empty_directory(tokenizer, tmp_path, text_file):
 
 
 def test_overwriting_a_checkpoint_needs_overwrite(ckpt, tokenizer, text_file):
-    before = _snapshot(ckpt)
+    before = snapshot(ckpt)
     model, config, report = _compress("llama", tokenizer, text_file, keep=0.25)
     with pytest.raises(FileExistsError, match="already holds an svdmlp checkpoint; pass overwrite=True"):
         checkpoint.save(ckpt, model, tokenizer, config, report, base_model="x")
-    assert _snapshot(ckpt) == before
+    assert snapshot(ckpt) == before
 
     checkpoint.save(ckpt, model, tokenizer, config, report, base_model="replacement", overwrite=True)
     metadata = checkpoint.read_metadata(ckpt)
@@ -281,14 +283,246 @@ def test_unknown_format(ckpt, key, value):
     metadata = json.loads(path.read_text())
     metadata[key] = value
     path.write_text(json.dumps(metadata))
-    with pytest.raises(ValueError, match=f"{value!r}.*this svdmlp reads 'svdmlp' version 1"):
+    with pytest.raises(ValueError, match=f"{value!r}.*; this svdmlp reads 'svdmlp' version 1 or 2$"):
         checkpoint.load(ckpt)
+
+
+def _one_line_error(ckpt, **kwargs) -> str:
+    with pytest.raises(ValueError) as error:
+        checkpoint.load(ckpt, **kwargs)
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def _edit_metadata(ckpt, edit) -> None:
+    path = ckpt / "svdmlp.json"
+    metadata = json.loads(path.read_text())
+    edit(metadata)
+    path.write_text(json.dumps(metadata))
 
 
 def test_ranks_that_do_not_match_the_weights(ckpt):
-    path = ckpt / "svdmlp.json"
-    metadata = json.loads(path.read_text())
-    metadata["report"]["layers"][0]["projections"][0]["rank"] = 24
-    path.write_text(json.dumps(metadata))
-    with pytest.raises(ValueError, match="does not match its recorded architecture"):
-        checkpoint.load(ckpt)
+    _edit_metadata(ckpt, lambda m: m["report"]["layers"][0]["projections"][0].update(rank=24))
+    assert _one_line_error(ckpt) == (
+        f"checkpoint {ckpt} does not match its recorded architecture: 2 of another shape "
+        "(model.layers.0.mlp.gate_up_u_t 64x32 instead of 64x40, model.layers.0.mlp.gate_v_t 16x96 instead of "
+        "24x96); its svdmlp.json and weights disagree (save the checkpoint again)"
+    )
+
+
+def test_layer_recorded_as_skipped_but_stored_compressed(ckpt):
+    _edit_metadata(ckpt, lambda m: m["report"]["layers"][1].update(status="skipped", projections=[]))
+    assert (
+        "does not match its recorded architecture: 3 missing (model.layers.1.mlp.down_proj.weight, "
+        "model.layers.1.mlp.gate_proj.weight, model.layers.1.mlp.up_proj.weight), 5 unexpected "
+        "(model.layers.1.mlp.down_u_t, model.layers.1.mlp.down_v_t, model.layers.1.mlp.gate_up_u_t and 2 more); "
+    ) in _one_line_error(ckpt)
+
+
+def test_tensor_missing_from_the_weights(ckpt):
+    weights = ckpt / "model.safetensors"
+    tensors = load_file(weights)
+    del tensors["model.layers.1.mlp.up_v_t"]
+    save_file(tensors, weights)
+    assert "does not match its recorded architecture: 1 missing (model.layers.1.mlp.up_v_t); " in (
+        _one_line_error(ckpt, verify=False)
+    )
+
+
+# --- every file of the checkpoint is checked ---------------------------------------------------
+
+
+def _edit_config(ckpt, edit) -> None:
+    path = ckpt / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config, indent=2))
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [lambda c: c["rope_parameters"].update(rope_theta=20000.0), lambda c: c.update(rms_norm_eps=0.5)],
+    ids=["rope_theta", "rms_norm_eps"],
+)
+def test_edited_config_is_detected(saved, ckpt, edit):
+    _edit_config(ckpt, edit)
+    message = _one_line_error(ckpt)
+    assert message.startswith(f"checkpoint file {ckpt / 'config.json'} is ")
+    assert message.endswith("; restore the checkpoint or save it again")
+    # What verification prevents: the edit changes the model's output, silently.
+    loaded, _ = checkpoint.load(ckpt, verify=False)
+    assert not torch.equal(_logits(loaded), _logits(saved[1]))
+
+
+def test_changed_file_of_the_same_size_is_detected(ckpt):
+    path = ckpt / "config.json"
+    text = path.read_text()
+    assert '"rms_norm_eps": 1e-06' in text
+    path.write_text(text.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": 1e-05'))
+    assert _one_line_error(ckpt) == (
+        f"checkpoint file {path} is corrupted: SHA-256 differs from the one recorded at save time; "
+        "restore the checkpoint or save it again"
+    )
+
+
+def test_truncated_tokenizer_is_detected(ckpt):
+    path = ckpt / "tokenizer.json"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    assert (
+        f"checkpoint file {path} is truncated or altered: {len(data) // 2} bytes, expected {len(data)}"
+        in (_one_line_error(ckpt))
+    )
+
+
+@pytest.mark.parametrize("name", ["generation_config.json", "tokenizer_config.json", "config.json"])
+def test_missing_file_is_detected(ckpt, name):
+    (ckpt / name).unlink()
+    assert _one_line_error(ckpt) == (
+        f"checkpoint file {ckpt / name} is missing; restore the checkpoint or save it again"
+    )
+
+
+def test_added_file_is_ignored(saved, ckpt):
+    (ckpt / "README.md").write_text("notes")
+    loaded, _ = checkpoint.load(ckpt)
+    assert torch.equal(_logits(loaded), _logits(saved[1]))
+
+
+def _as_version_1(metadata: dict) -> None:
+    """What a format_version 1 svdmlp.json held: the weights' record, no "files"."""
+    metadata["format_version"] = 1
+    del metadata["files"]
+
+
+def test_version_1_checkpoint_still_loads_and_checks_its_weights(saved, ckpt):
+    _edit_metadata(ckpt, _as_version_1)
+    assert checkpoint.read_metadata(ckpt)["format_version"] == 1
+    loaded, _ = checkpoint.load(ckpt)
+    assert torch.equal(_logits(loaded), _logits(saved[1]))
+    (ckpt / "generation_config.json").unlink()  # version 1 recorded nothing of it
+    checkpoint.load(ckpt)
+
+    weights = ckpt / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-100])
+    assert "model.safetensors are truncated or altered: " in _one_line_error(ckpt)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m.update(files=None),
+        lambda m: m["files"].update({"../outside.json": {"bytes": 1, "sha256": "0"}}),
+        lambda m: m["files"].update({"/etc/hostname": {"bytes": 1, "sha256": "0"}}),
+        lambda m: m["files"]["config.json"].pop("sha256"),
+        lambda m: m["files"]["config.json"].update(bytes="12"),
+        lambda m: m.pop("weights"),
+    ],
+    ids=["no-files", "outside", "absolute", "no-sha256", "bytes-as-text", "no-weights"],
+)
+def test_malformed_file_record(ckpt, edit):
+    _edit_metadata(ckpt, edit)
+    with pytest.raises(
+        ValueError, match="svdmlp.json is corrupted: its record of the checkpoint's files is malformed"
+    ):
+        checkpoint.read_metadata(ckpt)
+
+
+# --- configs naming another architecture -------------------------------------------------------
+
+
+def test_unsupported_architecture_in_the_config(ckpt):
+    _edit_config(ckpt, lambda c: c.update(model_type="gpt2"))
+    assert _one_line_error(ckpt).startswith(
+        f"checkpoint file {ckpt / 'config.json'} is truncated or altered: "
+    )
+    assert _one_line_error(ckpt, verify=False).startswith(
+        "unsupported model type 'gpt2'; svdmlp supports: gemma, "
+    )
+
+
+def test_architecture_unknown_to_transformers_in_the_config(ckpt):
+    _edit_config(ckpt, lambda c: c.update(model_type="no-such-architecture"))
+    assert _one_line_error(ckpt, verify=False).startswith(
+        f"checkpoint {ckpt} has an unreadable config.json: The checkpoint you are trying to load has model type "
+        "`no-such-architecture`"
+    )
+
+
+# --- saves that fail part-way ------------------------------------------------------------------
+
+
+def _fail_writing_the_weights(monkeypatch, tokenizer):
+    def save_half(tensors, path, metadata=None):
+        save_file(tensors, path, metadata=metadata)
+        data = Path(path).read_bytes()
+        Path(path).write_bytes(data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_file", save_half)
+
+
+def _fail_writing_the_tokenizer(monkeypatch, tokenizer):
+    def save_part(directory, *args, **kwargs):
+        (Path(directory) / "tokenizer.json").write_text('{"version": ')
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tokenizer, "save_pretrained", save_part)
+
+
+def _fail_renaming_into_place(monkeypatch, tokenizer):
+    real = os.replace
+
+    def replace(source, destination):
+        if ".staging-" in Path(source).name:
+            raise OSError(16, "Device or resource busy")
+        real(source, destination)
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+@pytest.mark.parametrize(
+    "fail", [_fail_writing_the_weights, _fail_writing_the_tokenizer, _fail_renaming_into_place]
+)
+def test_failed_overwrite_keeps_the_previous_checkpoint(saved, ckpt, tokenizer, text_file, monkeypatch, fail):
+    before = snapshot(ckpt)
+    model, config, report = _compress("llama", tokenizer, text_file, keep=0.25)
+    fail(monkeypatch, tokenizer)
+    with pytest.raises(OSError):
+        checkpoint.save(ckpt, model, tokenizer, config, report, base_model="replacement", overwrite=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["ckpt"]  # no staging or retired dirs
+    assert snapshot(ckpt) == before
+    loaded, _ = checkpoint.load(ckpt)
+    assert torch.equal(_logits(loaded), _logits(saved[1]))
+    assert checkpoint.read_metadata(ckpt)["base_model"] == "tiny-llama"
+
+
+def test_failed_first_save_leaves_nothing(tokenizer, text_file, tmp_path, monkeypatch):
+    model, config, report = _compress("llama", tokenizer, text_file)
+    _fail_writing_the_tokenizer(monkeypatch, tokenizer)
+    with pytest.raises(OSError):
+        checkpoint.save(tmp_path / "parent" / "ckpt", model, tokenizer, config, report, base_model="x")
+    assert list((tmp_path / "parent").iterdir()) == []
+
+
+def test_a_checkpoint_is_readable_as_any_directory_made_by_mkdir(tokenizer, tmp_path, text_file):
+    """The staging directory comes from mkdtemp (mode 0700): the saved one gets the umask's mode."""
+    model, config, report = _compress("llama", tokenizer, text_file)
+    old = os.umask(0o022)
+    try:
+        target = checkpoint.save(tmp_path / "shared", model, tokenizer, config, report, base_model="x")
+    finally:
+        os.umask(old)
+    assert target.stat().st_mode & 0o777 == 0o755
+
+
+def test_load_any_takes_a_checkpoint_or_a_dense_model(saved, model_dir):
+    directory, model = saved
+    loaded, _, metadata = checkpoint.load_any(str(directory), dtype=torch.float32)
+    assert metadata == checkpoint.read_metadata(directory)
+    torch.testing.assert_close(_logits(loaded), _logits(model.float()))
+    dense, _, metadata = checkpoint.load_any(str(model_dir))
+    assert metadata is None and next(dense.parameters()).dtype == torch.float32

@@ -3,7 +3,7 @@ import torch
 
 from conftest import tiny_model
 from svdmlp import arch
-from svdmlp.compress import decompose
+from svdmlp.compression import decompose
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear, set_backend
 
 

@@ -11,10 +11,13 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import GPT2Config
 
-from conftest import tiny_config, tiny_model
-from svdmlp import models
+from conftest import save_tiny_llama, tiny_config, tiny_model
+from svdmlp import checkpoint, models
+from svdmlp.compression import pipeline
+from svdmlp.config import CompressConfig
 
 DEFAULT_CACHE = ("models", "SmolLM2-135M-Instruct-bf16")
 
@@ -73,6 +76,137 @@ def test_directory_without_config(tmp_path, no_weight_loading):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ValueError, match=r"is not a Hugging Face model directory \(no config.json\)"):
         models.load_dense(str(tmp_path))
+
+
+# --- weights that do not fit the architecture, or cannot be read ---------------------------------
+
+
+def _refusal(location) -> str:
+    """The one-line message of the ValueError that load_dense raises for ``location``."""
+    with pytest.raises(ValueError) as error:
+        models.load_dense(str(location))
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def _rewrite_weights(directory, change) -> None:
+    """Apply ``change`` to the tensors of ``directory``'s model.safetensors and save them back."""
+    tensors = load_file(directory / "model.safetensors")
+    change(tensors)
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_compressed_checkpoint_without_its_metadata_is_refused(tokenizer, tmp_path):
+    model = tiny_model("llama")
+    config = CompressConfig(keep=0.5, align=8, method="svd")
+    report = pipeline.compress(model, tokenizer, config, progress=False)
+    ckpt = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
+    message = _refusal(ckpt)
+    assert message.startswith(f"the weights of {ckpt} do not match the llama architecture of its config: ")
+    assert (
+        "it is an svdmlp checkpoint, not a dense model: compress its base model, "
+        "or load it with svdmlp.checkpoint.load" in message
+    )
+
+    (ckpt / "svdmlp.json").unlink()  # transformers would load it as dense, with random MLPs
+    message = _refusal(ckpt)
+    assert (
+        "6 missing (model.layers.0.mlp.down_proj.weight, model.layers.0.mlp.gate_proj.weight, "
+        "model.layers.0.mlp.up_proj.weight and 3 more), 10 unexpected (model.layers.0.mlp.down_u_t, "
+        "model.layers.0.mlp.down_v_t, model.layers.0.mlp.gate_up_u_t and 7 more); "
+        "this looks like an svdmlp checkpoint whose svdmlp.json is missing: restore svdmlp.json, "
+        "or compress the base model again"
+    ) in message
+
+
+def test_partially_compressed_checkpoint_without_its_metadata_is_refused(tokenizer, tmp_path):
+    model = tiny_model("llama")
+    config = CompressConfig(keep=0.5, align=8, method="svd", targets=("down",))
+    report = pipeline.compress(model, tokenizer, config, progress=False)
+    ckpt = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
+    (ckpt / "svdmlp.json").unlink()
+    message = _refusal(ckpt)
+    assert "2 missing (model.layers.0.mlp.down_proj.weight, model.layers.1.mlp.down_proj.weight)" in message
+    assert "4 unexpected (model.layers.0.mlp.down_proj.u_t, model.layers.0.mlp.down_proj.v_t, " in message
+    assert "this looks like an svdmlp checkpoint whose svdmlp.json is missing" in message
+
+
+def test_missing_tensor_is_refused(tokenizer, tmp_path):
+    directory = save_tiny_llama(tmp_path / "model", tokenizer)  # untied: lm_head.weight is stored
+    _rewrite_weights(directory, lambda tensors: tensors.pop("lm_head.weight"))
+    assert _refusal(directory) == (
+        f"the weights of {directory} do not match the llama architecture of its config: "
+        "1 missing (lm_head.weight); the weights file is incomplete or belongs to another model"
+    )
+
+
+def test_unexpected_tensor_is_refused(tokenizer, tmp_path):
+    directory = save_tiny_llama(tmp_path / "model", tokenizer)
+    _rewrite_weights(directory, lambda tensors: tensors.update({"model.extra.weight": torch.zeros(2, 2)}))
+    assert "do not match the llama architecture of its config: 1 unexpected (model.extra.weight); " in (
+        _refusal(directory)
+    )
+
+
+def test_tensor_of_another_shape_is_refused(tokenizer, tmp_path):
+    directory = save_tiny_llama(tmp_path / "model", tokenizer)
+    shapes = {"model.layers.0.mlp.up_proj.weight": (10, 64), "model.layers.1.mlp.up_proj.weight": (96, 8)}
+    _rewrite_weights(
+        directory, lambda tensors: tensors.update({k: torch.zeros(v) for k, v in shapes.items()})
+    )
+    assert (
+        "2 of another shape (model.layers.0.mlp.up_proj.weight 10x64 instead of 96x64, "
+        "model.layers.1.mlp.up_proj.weight 96x8 instead of 96x64); "
+        "the weights file is incomplete or belongs to another model"
+    ) in _refusal(directory)
+
+
+@pytest.mark.parametrize(("model_type", "head_stored"), [("gemma", False), ("llama", False), ("llama", True)])
+def test_tied_weights_are_not_missing(tokenizer, tmp_path, model_type, head_stored):
+    """A tied LM head is stored once (transformers 5.17 reports it neither missing nor unexpected,
+    and neither a file that stores it twice)."""
+    source = tiny_model(model_type, tie_word_embeddings=True)
+    source.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    if head_stored:
+        head = {"lm_head.weight": source.get_input_embeddings().weight.detach().clone()}
+        _rewrite_weights(tmp_path / "model", lambda tensors: tensors.update(head))
+    assert ("lm_head.weight" in load_file(tmp_path / "model" / "model.safetensors")) == head_stored
+    model, _, _ = models.load_dense(str(tmp_path / "model"))
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert torch.equal(model.get_input_embeddings().weight, source.get_input_embeddings().weight)
+
+
+@pytest.mark.parametrize(
+    ("kept", "reason"),
+    [(0.5, "incomplete metadata, file not fully covered"), (0.0, "header too small")],
+)
+def test_truncated_weights_are_refused(model_dir, kept, reason):
+    weights = model_dir / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: int(len(data) * kept)])
+    assert _refusal(model_dir) == (
+        f"model weights {weights} cannot be read (Error while deserializing header: {reason}); "
+        "the file is truncated or damaged: save, convert or download the model again"
+    )
+
+
+def test_truncated_shard_is_named(tokenizer, tmp_path):
+    directory = tmp_path / "sharded"
+    tiny_model("llama").save_pretrained(directory, max_shard_size="150KB")
+    tokenizer.save_pretrained(directory)
+    shards = sorted(directory.glob("*.safetensors"))
+    assert len(shards) > 2
+    shards[1].write_bytes(shards[1].read_bytes()[:1000])
+    assert _refusal(directory).startswith(f"model weights {shards[1]} cannot be read (")
+
+
+def test_missing_weights_file_is_refused(model_dir):
+    (model_dir / "model.safetensors").unlink()
+    assert _refusal(model_dir).startswith(
+        f"could not read the weights of model {model_dir}: Error no file named model.safetensors"
+    )
 
 
 @pytest.mark.parametrize("name", ["org/no-such-model", "no-such-model"])

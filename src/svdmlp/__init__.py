@@ -21,11 +21,11 @@ __version__ = "0.1.0"
 _API = {
     "CompressConfig": "svdmlp.config",
     "CalibrationSpec": "svdmlp.config",
-    "compress": "svdmlp.pipeline",
+    "compress": "svdmlp.compression.pipeline",
     "save": "svdmlp.checkpoint",
     "load": "svdmlp.checkpoint",
     "load_dense": "svdmlp.models",
-    "set_backend": "svdmlp.modules",
+    "set_backend": "svdmlp.lowrank",
 }
 
 __all__ = [*_API, "__version__"]

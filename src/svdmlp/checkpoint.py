@@ -4,12 +4,15 @@ A checkpoint directory holds:
 - ``model.safetensors``: every tensor of the compressed model (low-rank factors in the kernels'
   layout, untouched dense weights), tied tensors stored once;
 - ``svdmlp.json``: format version, the compression config, the per-layer report (ranks, achieved
-  keep, errors), the calibration-token hash, library versions, and the weights' size and SHA-256;
+  keep, errors), the calibration-token hash, library versions, and the size and SHA-256 of every
+  other file of the directory;
 - ``config.json`` / ``generation_config.json`` and the tokenizer files, as Hugging Face writes them.
 
 Saves are atomic (a staging directory renamed into place) and never replace a directory that is
 not an svdmlp checkpoint. Loads build the model skeleton with parameters on the meta device, swap in
-empty low-rank modules of the recorded ranks, and assign the safetensors tensors in place.
+empty low-rank modules of the recorded ranks, and assign the safetensors tensors in place. Loads first
+check every recorded file, so a changed config (``rope_theta``, ``rms_norm_eps``) or tokenizer is
+refused like changed weights.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from svdmlp import arch, lowrank
-from svdmlp.compress.report import CompressionReport
+from svdmlp import arch, lowrank, models
+from svdmlp.compression.report import CompressionReport
 from svdmlp.config import CompressConfig
 from svdmlp.paths import file_sha256
 from svdmlp.versions import installed_versions
@@ -37,7 +40,10 @@ from svdmlp.versions import installed_versions
 METADATA_FILE = "svdmlp.json"
 WEIGHTS_FILE = "model.safetensors"
 FORMAT = "svdmlp"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Version 1 recorded the size and SHA-256 of the weights file alone ("weights"); version 2 records
+# them for every file of the directory but svdmlp.json ("files").
+READABLE_VERSIONS = (1, 2)
 
 
 def is_checkpoint(directory: str | os.PathLike) -> bool:
@@ -63,6 +69,7 @@ def save(
     check_target(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+    staging.chmod(_directory_mode())  # mkdtemp's 0700 would keep the checkpoint from its other users
     try:
         tensors, aliases = _unique_tensors(model)
         weights = staging / WEIGHTS_FILE
@@ -71,6 +78,7 @@ def save(
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        files = _file_records(staging)
         metadata = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -81,11 +89,8 @@ def save(
             "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "config": config.to_dict(),
             "report": report.to_dict(),
-            "weights": {
-                "file": WEIGHTS_FILE,
-                "bytes": weights.stat().st_size,
-                "sha256": file_sha256(weights),
-            },
+            "weights": {"file": WEIGHTS_FILE, **files[WEIGHTS_FILE]},
+            "files": files,
             "tied": aliases,
         }
         (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
@@ -110,14 +115,42 @@ def check_target(directory: str | os.PathLike, overwrite: bool) -> None:
         )
 
 
+def _directory_mode() -> int:
+    """The mode a new directory gets under the process's umask (as ``mkdir`` would give it)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o777 & ~umask
+
+
+def _file_records(root: Path) -> dict[str, dict]:
+    """Size and SHA-256 of every file under ``root`` but the metadata, by relative POSIX path."""
+    records = {}
+    for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        if path.is_file() and name != METADATA_FILE:
+            records[name] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    return records
+
+
 def _replace(staging: Path, target: Path) -> None:
-    """Move ``staging`` to ``target``; an old checkpoint there is removed only after the swap."""
+    """Move ``staging`` to ``target``; an old checkpoint there is removed only after the swap, and
+    put back if the swap fails."""
     if not target.exists():
         os.replace(staging, target)
         return
     retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-    os.replace(target, retired / "checkpoint")
-    os.replace(staging, target)
+    previous = retired / "checkpoint"
+    try:
+        os.replace(target, previous)
+        try:
+            os.replace(staging, target)
+        except BaseException:
+            os.replace(previous, target)
+            raise
+    except BaseException:
+        if target.exists():  # the previous checkpoint is in place: nothing to keep in ``retired``
+            shutil.rmtree(retired, ignore_errors=True)
+        raise
     shutil.rmtree(retired, ignore_errors=True)
 
 
@@ -146,30 +179,74 @@ def read_metadata(directory: str | os.PathLike) -> dict:
         metadata = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is corrupted: {err}") from None
-    if metadata.get("format") != FORMAT or metadata.get("format_version") != FORMAT_VERSION:
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{path} is corrupted: it holds no JSON object")
+    version = metadata.get("format_version")
+    if metadata.get("format") != FORMAT or type(version) is not int or version not in READABLE_VERSIONS:
         raise ValueError(
-            f"{path} has format {metadata.get('format')!r} version {metadata.get('format_version')!r}; "
-            f"this svdmlp reads {FORMAT!r} version {FORMAT_VERSION}"
+            f"{path} has format {metadata.get('format')!r} version {version!r}; "
+            f"this svdmlp reads {FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}"
         )
+    weights = metadata.get("weights")
+    files = metadata.get("files") if version >= 2 else {}
+    if not (
+        _is_record(weights)
+        and _is_inside(weights.get("file"))
+        and isinstance(files, dict)
+        and all(_is_inside(name) and _is_record(record) for name, record in files.items())
+    ):
+        raise ValueError(f"{path} is corrupted: its record of the checkpoint's files is malformed")
     return metadata
 
 
-def verify_weights(directory: str | os.PathLike, metadata: dict) -> Path:
-    """Check the weights file against the size and SHA-256 recorded at save time."""
-    expected = metadata["weights"]
-    path = Path(directory).expanduser() / expected["file"]
+def _is_record(record) -> bool:
+    """Whether ``record`` is a file's size and SHA-256 as :func:`save` writes them."""
+    return (
+        isinstance(record, dict)
+        and type(record.get("bytes")) is int
+        and isinstance(record.get("sha256"), str)
+    )
+
+
+def _is_inside(name) -> bool:
+    """Whether a recorded file name is a relative path that stays inside the checkpoint."""
+    return (
+        isinstance(name, str) and name != "" and not Path(name).is_absolute() and ".." not in Path(name).parts
+    )
+
+
+def _recorded_files(metadata: dict) -> dict[str, dict]:
+    """The files whose size and SHA-256 the checkpoint recorded: every file but svdmlp.json from
+    version 2 on, the weights alone in version 1."""
+    if metadata["format_version"] >= 2:
+        return metadata["files"]
+    return {metadata["weights"]["file"]: metadata["weights"]}
+
+
+def _weights_path(directory: str | os.PathLike, metadata: dict) -> Path:
+    return Path(directory).expanduser() / metadata["weights"]["file"]
+
+
+def verify_files(directory: str | os.PathLike, metadata: dict) -> None:
+    """Check every recorded file against the size and SHA-256 recorded at save time; a ValueError
+    names the first one that is missing or differs."""
+    root = Path(directory).expanduser()
+    for name, expected in _recorded_files(metadata).items():
+        _verify_file(root / name, expected, weights=name == metadata["weights"]["file"])
+
+
+def _verify_file(path: Path, expected: dict, weights: bool) -> None:
+    subject = f"checkpoint weights {path} are" if weights else f"checkpoint file {path} is"
+    advice = "restore the checkpoint or save it again"
     if not path.is_file():
-        raise ValueError(f"checkpoint weights {path} are missing")
+        raise ValueError(f"{subject} missing; {advice}")
     size = path.stat().st_size
     if size != expected["bytes"]:
         raise ValueError(
-            f"checkpoint weights {path} are truncated or altered: {size} bytes, expected {expected['bytes']}"
+            f"{subject} truncated or altered: {size} bytes, expected {expected['bytes']}; {advice}"
         )
     if file_sha256(path) != expected["sha256"]:
-        raise ValueError(
-            f"checkpoint weights {path} are corrupted: SHA-256 differs from the one recorded at save time"
-        )
-    return path
+        raise ValueError(f"{subject} corrupted: SHA-256 differs from the one recorded at save time; {advice}")
 
 
 def _retie(model: nn.Module, aliases: dict[str, str]) -> None:
@@ -200,14 +277,22 @@ def load(
         backend: "auto" (Triton on CUDA, PyTorch elsewhere), "torch" or "triton".
         dtype: compute dtype; None keeps the stored one.
         device: where the model runs.
-        verify: check the weights' size and SHA-256 before loading.
+        verify: check the size and SHA-256 of every recorded file (config, tokenizer, weights)
+            before reading any of them.
 
     Returns:
         (model, tokenizer): the compressed model in eval mode, and its tokenizer.
     """
     metadata = read_metadata(directory)
-    weights = verify_weights(directory, metadata) if verify else Path(directory) / metadata["weights"]["file"]
-    config = AutoConfig.from_pretrained(directory)
+    if verify:
+        verify_files(directory, metadata)
+    weights = _weights_path(directory, metadata)
+    try:
+        config = AutoConfig.from_pretrained(directory)
+    except (ValueError, OSError) as err:
+        raise ValueError(
+            f"checkpoint {directory} has an unreadable config.json: {models.first_line(err)}"
+        ) from None
     spec = arch.for_config(config)
     stored = getattr(torch, metadata["dtype"])
     with init_empty_weights(include_buffers=False):
@@ -221,13 +306,39 @@ def load(
     except (SafetensorError, OSError) as err:
         raise ValueError(f"checkpoint weights {weights} cannot be read: {err}") from None
     for alias, stored_name in metadata.get("tied", {}).items():
-        state[alias] = state[stored_name]
-    try:
-        model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as err:
-        raise ValueError(f"checkpoint {directory} does not match its recorded architecture: {err}") from None
+        if stored_name in state:
+            state[alias] = state[stored_name]
+    expected = model.state_dict()
+    mismatched = [
+        (name, state[name].shape, tensor.shape)
+        for name, tensor in expected.items()
+        if name in state and state[name].shape != tensor.shape
+    ]
+    problems = models.weights_mismatch(
+        expected.keys() - state.keys(), state.keys() - expected.keys(), mismatched
+    )
+    if not problems:
+        try:
+            model.load_state_dict(state, strict=True, assign=True)
+        except RuntimeError as err:  # what the comparison above did not foresee, on one line
+            problems = " ".join(str(err).split())
+    if problems:
+        raise ValueError(
+            f"checkpoint {directory} does not match its recorded architecture: {problems}; "
+            "its svdmlp.json and weights disagree (save the checkpoint again)"
+        )
     _retie(model, metadata.get("tied", {}))
     model = model.to(device=device, dtype=dtype or stored).eval()
     lowrank.set_backend(model, backend)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     return model, tokenizer
+
+
+def load_any(target: str | None, backend: str = "auto", dtype: torch.dtype | None = None, device="cpu"):
+    """``(model, tokenizer, metadata)`` of a checkpoint directory, or of any model
+    :func:`svdmlp.models.load_dense` takes (metadata None; ``dtype`` None is float32 there)."""
+    if target is not None and is_checkpoint(target):
+        model, tokenizer = load(target, backend=backend, dtype=dtype, device=device)
+        return model, tokenizer, read_metadata(target)
+    model, tokenizer, _ = models.load_dense(target, dtype=dtype or torch.float32, device=device)
+    return model, tokenizer, None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from svdmlp.arch import PROJECTIONS
-from svdmlp.compress.ranks import check_keep
+from svdmlp.compression.ranks import check_keep
 
 FORMAT_VERSION = 1
 METHODS = ("whiten", "svd")
@@ -109,15 +109,15 @@ class CompressConfig:
         layers: indices of decoder layers to compress; ``None`` means all of them.
         allocation: ``"uniform"`` (every matrix at the rank rule's rank for ``keep``) or
             ``"budget"`` (one rank per layer, allocated from each layer's measured sensitivity so
-            that together they keep ``keep`` of the parameters; see :mod:`svdmlp.compress.ranks`).
+            that together they keep ``keep`` of the parameters; see :mod:`svdmlp.compression.ranks`).
         sequential: calibrate each layer on the outputs of the already-compressed layers before
-            it, so that it compensates their error (see :mod:`svdmlp.compress.sequential`); otherwise every
+            it, so that it compensates their error (see :mod:`svdmlp.compression.sequential`); otherwise every
             layer is calibrated on the dense model's activations.
         heal: ``"none"``; ``"closed-form"`` (needs ``sequential``: each down projection is fitted
             by reduced-rank regression so that, fed by the compressed gate and up, it reproduces the
-            dense MLP's output; see :mod:`svdmlp.compress.heal.closed_form`); or ``"lora"`` (after factorising, train the
+            dense MLP's output; see :mod:`svdmlp.compression.heal.closed_form`); or ``"lora"`` (after factorising, train the
             low-rank factors to match the dense model's next-token distribution on calibration
-            text; see :mod:`svdmlp.compress.heal.distill`); or ``"closed-form+lora"``, both in that order.
+            text; see :mod:`svdmlp.compression.heal.distill`); or ``"closed-form+lora"``, both in that order.
         lora: steps, learning rate and window length of ``heal="lora"``.
     """
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from svdmlp import arch, backends
-from svdmlp.compress.decompose import Factors
+from svdmlp.compression.decompose import Factors
 
 
 def _empty(rows: int, cols: int, dtype: torch.dtype, device) -> nn.Parameter:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from safetensors import SafetensorError, safe_open
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from svdmlp import arch
 from svdmlp.paths import cache_dir, file_sha256
@@ -197,7 +198,7 @@ def load_config(name: str | None):
     except OSError as err:
         raise ValueError(
             f"could not load model {name!r}: it is not a local directory and the Hugging Face hub "
-            f"could not provide it ({_first_line(err)})"
+            f"could not provide it ({first_line(err)})"
         ) from None
     arch.for_config(config)
     return location, config
@@ -206,15 +207,100 @@ def load_config(name: str | None):
 def load_dense(name: str | None, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """Load a supported dense causal LM and its tokenizer.
 
+    Raises:
+        ValueError: if the weights cannot be read (a truncated or damaged file) or do not match the
+            architecture of the config (tensors missing, unexpected or of another shape): transformers
+            would initialise what it cannot load at random.
+
     Returns:
         (model, tokenizer, location) with the model in eval mode on ``device``.
     """
     location, config = load_config(name)
-    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(location, config=config, dtype=dtype)
+    try:
+        # ignore_mismatched_sizes: tensors of another shape are listed in the loading info with the
+        # missing and unexpected ones (else transformers raises an error that only points at its log).
+        model, info = AutoModelForCausalLM.from_pretrained(
+            location, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
+        )
+    except SafetensorError as err:
+        raise ValueError(
+            f"model weights {_unreadable_weights(location)} cannot be read ({first_line(err)}); "
+            "the file is truncated or damaged: save, convert or download the model again"
+        ) from None
+    except OSError as err:
+        where = err.filename or location
+        raise ValueError(f"could not read the weights of model {where}: {first_line(err)}") from None
+    problems = weights_mismatch(info["missing_keys"], info["unexpected_keys"], info["mismatched_keys"])
+    if info["error_msgs"]:  # transformers raises for these itself; refuse them the same way if not
+        problems = "; ".join(filter(None, [problems, " ".join(info["error_msgs"][0].split())]))
+    if problems:
+        raise ValueError(
+            f"the weights of {location} do not match the {config.model_type} architecture of its config: "
+            f"{problems}; {_mismatch_advice(location, info['unexpected_keys'])}"
+        )
     tokenizer = AutoTokenizer.from_pretrained(location)
     return model.to(device).eval(), tokenizer, location
 
 
-def _first_line(err: BaseException) -> str:
+# The parameters of svdmlp's low-rank modules (svdmlp.lowrank): in a model directory, the mark of a
+# compressed checkpoint.
+_LOWRANK_TENSORS = frozenset({"gate_up_u_t", "gate_v_t", "up_v_t", "down_u_t", "down_v_t", "u_t", "v_t"})
+_SHOWN_KEYS = 3
+
+
+def weights_mismatch(missing, unexpected, mismatched) -> str:
+    """One line naming a few of the tensors that are ``missing`` from a weights file, ``unexpected``
+    in it, or ``mismatched`` (``(name, shape in the file, shape expected)`` triples); "" if none."""
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} missing ({_few(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected ({_few(unexpected)})")
+    if mismatched:
+        shapes = {name: (_shape(found), _shape(wanted)) for name, found, wanted in mismatched}
+        named = [f"{name} {found} instead of {wanted}" for name, (found, wanted) in sorted(shapes.items())]
+        parts.append(f"{len(mismatched)} of another shape ({_few(named, sort=False)})")
+    return ", ".join(parts)
+
+
+def _few(names, sort: bool = True) -> str:
+    names = sorted(names) if sort else list(names)
+    shown = ", ".join(names[:_SHOWN_KEYS])
+    return shown if len(names) <= _SHOWN_KEYS else f"{shown} and {len(names) - _SHOWN_KEYS} more"
+
+
+def _shape(shape) -> str:
+    return "x".join(str(size) for size in shape) or "scalar"
+
+
+def _mismatch_advice(location: str, unexpected) -> str:
+    if not any(key.rpartition(".")[2] in _LOWRANK_TENSORS for key in unexpected):
+        return "the weights file is incomplete or belongs to another model"
+    if (Path(location) / "svdmlp.json").is_file():
+        return (
+            "it is an svdmlp checkpoint, not a dense model: compress its base model, "
+            "or load it with svdmlp.checkpoint.load"
+        )
+    return (
+        "this looks like an svdmlp checkpoint whose svdmlp.json is missing: restore svdmlp.json, "
+        "or compress the base model again"
+    )
+
+
+def _unreadable_weights(location: str) -> str:
+    """The first safetensors file of a model directory whose header cannot be read (for an error)."""
+    root = Path(location)
+    if root.is_dir():
+        for path in sorted(root.glob("*.safetensors")):
+            try:
+                with safe_open(path, framework="pt"):
+                    pass
+            except (SafetensorError, OSError):
+                return str(path)
+    return f"of {location}"
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an error's message (its type's name if it has none), for one-line errors."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__

@@ -1,36 +1,51 @@
-"""``svdmlp generate``: the fast engine (default) and ``--engine hf`` print the same greedy text."""
+"""``svdmlp generate``: the fast engine (default) and ``--engine hf`` print the same greedy text,
+sampling follows its seed, and bad input is one line and exit 2."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from svdmlp.cli import main
-
-
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+from conftest import assert_cli_error, run_cli
 
 
 def test_fast_engine_prints_what_hf_generate_prints(model_dir, capsys):
     args = ["generate", model_dir, "--prompt", "the quick fox", "--max-new-tokens", "12"]
-    code, fast, _ = run(capsys, *args)
+    code, fast, _ = run_cli(capsys, *args)
     assert code == 0
-    code, hf, _ = run(capsys, *args, "--engine", "hf")
+    code, hf, _ = run_cli(capsys, *args, "--engine", "hf")
     assert code == 0 and fast == hf and fast.endswith("\n") and len(fast) > 1
+    code, out, err = run_cli(capsys, *args, "--json", "-")
+    record = json.loads(out)
+    assert code == 0 and err == fast  # the streamed text moves to standard error
+    assert len(record["new_ids"]) == 12 and record["text"] == fast.removesuffix("\n")
 
 
-def test_sampling_flags_are_seeded(model_dir, capsys):
-    args = ["generate", model_dir, "--prompt", "the", "--max-new-tokens", "12", "--temperature", "1.0"]
-    outputs = {run(capsys, *args, "--top-k", "20", "--top-p", "0.9", "--seed", "5")[1] for _ in range(2)}
-    assert len(outputs) == 1
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_sampling_follows_its_seed(model_dir, capsys, engine):
+    """A seed repeats its text, other seeds change it, and none of them is the greedy text: the
+    sampling settings reach the generation (greedy decoding would also repeat itself)."""
+    args = ["generate", model_dir, "--prompt", "the", "--max-new-tokens", "12", "--engine", engine]
+    sampled = [*args, "--temperature", "1.0", "--top-k", "50", "--top-p", "0.95"]
+
+    def new_ids(*extra) -> list[int]:
+        code, out, _ = run_cli(capsys, *extra, "--json", "-")
+        assert code == 0
+        return json.loads(out)["new_ids"]
+
+    greedy = new_ids(*args)
+    first = new_ids(*sampled, "--seed", "5")
+    assert new_ids(*sampled, "--seed", "5") == first
+    others = [new_ids(*sampled, "--seed", str(seed)) for seed in (6, 7, 8)]
+    assert all(ids != first for ids in others)
+    assert greedy not in [first, *others]
 
 
 def test_top_k_one_prints_the_greedy_text(model_dir, capsys):
     args = ["generate", model_dir, "--prompt", "the old king", "--max-new-tokens", "10"]
-    greedy = run(capsys, *args)[1]
-    assert run(capsys, *args, "--temperature", "3", "--top-k", "1")[1] == greedy
+    greedy = run_cli(capsys, *args)[1]
+    assert run_cli(capsys, *args, "--temperature", "3", "--top-k", "1")[1] == greedy
 
 
 @pytest.mark.parametrize(
@@ -38,10 +53,59 @@ def test_top_k_one_prints_the_greedy_text(model_dir, capsys):
     [(["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"), (["--top-k", "0"], "top_k must be >= 1")],
 )
 def test_bad_sampling_flags_exit_2(model_dir, capsys, flags, message):
-    code, _, err = run(capsys, "generate", model_dir, "--prompt", "x", *flags)
+    code, _, err = run_cli(capsys, "generate", model_dir, "--prompt", "x", *flags)
     assert code == 2 and message in err and "Traceback" not in err
 
 
 def test_prompt_too_long_for_the_model_exits_2(model_dir, capsys):
-    code, _, err = run(capsys, "generate", model_dir, "--prompt", "x", "--max-new-tokens", "300")
+    code, _, err = run_cli(capsys, "generate", model_dir, "--prompt", "x", "--max-new-tokens", "300")
     assert code == 2 and "exceeds the cache limit of 256" in err
+
+
+def test_generate_is_greedy_and_repeatable(compressed, capsys):
+    _, _, ckpt = compressed
+    code, first, _ = run_cli(capsys, "generate", ckpt, "--prompt", "the quick", "--max-new-tokens", "5")
+    assert code == 0
+    code, second, _ = run_cli(capsys, "generate", ckpt, "--prompt", "the quick", "--max-new-tokens", "5")
+    assert code == 0 and first == second and first.endswith("\n")
+
+
+def test_generate_input_errors(compressed, capsys):
+    _, _, ckpt = compressed
+    assert_cli_error(
+        capsys,
+        "generate",
+        ["generate", ckpt, "--prompt", "x", "--max-new-tokens", "0"],
+        "--max-new-tokens must be >= 1, got 0",
+    )
+    assert_cli_error(
+        capsys,
+        "generate",
+        ["generate", ckpt, "--prompt", "x", "--temperature", "-1"],
+        "--temperature must be >= 0",
+    )
+    assert_cli_error(
+        capsys, "generate", ["generate", ckpt, "--prompt", "x", "--chat"], "tokenizer has no chat template"
+    )
+
+
+def test_triton_backend_on_cpu_without_interpreter(compressed, monkeypatch, capsys):
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    _, _, ckpt = compressed
+    assert_cli_error(
+        capsys,
+        "generate",
+        ["generate", ckpt, "--prompt", "x", "--backend", "triton"],
+        "backend 'triton' is unavailable: Triton kernels need a CUDA device",
+    )
+
+
+def test_cuda_device_without_a_gpu(compressed, monkeypatch, capsys):
+    _, _, ckpt = compressed
+    assert_cli_error(
+        capsys,
+        "generate",
+        ["generate", ckpt, "--prompt", "x", "--device", "cuda"],
+        "--device cuda was asked for but no CUDA GPU is available",
+    )

@@ -25,8 +25,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from svdmlp import arch, lowrank, models
 from svdmlp.bench.kernel import CPU_CEILING_SIZES, CUDA_CEILING_SIZES
 from svdmlp.bench.timing import measure_ceilings
-from svdmlp.compress.decompose import Factors
-from svdmlp.compress.ranks import check_keep, uniform_ranks
+from svdmlp.compression.decompose import Factors
+from svdmlp.compression.ranks import check_keep, uniform_ranks
 from svdmlp.engine import Engine
 
 # A Llama-3.2-1B-shaped model with random weights: the GPU benchmark needs no download.

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     import torch
 
     from svdmlp import checkpoint, models
-    from svdmlp.compress import pipeline, report
+    from svdmlp.compression import pipeline, report
 
     compress_config = config(args)
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after

@@ -25,28 +25,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def load_target(target: str | None, args: argparse.Namespace):
-    """(model, tokenizer, metadata) of a checkpoint directory or a dense model (metadata None)."""
-    from svdmlp import checkpoint, models
-
-    device, dtype = options.runtime(args)
-    if target is not None and checkpoint.is_checkpoint(target):
-        model, tokenizer = checkpoint.load(target, backend=args.backend, dtype=dtype, device=device)
-        return model, tokenizer, checkpoint.read_metadata(target)
-    model, tokenizer, _ = models.load_dense(target, dtype=dtype, device=device)
-    return model, tokenizer, None
-
-
 def run(args: argparse.Namespace) -> options.Outcome:
-    from svdmlp import models
-    from svdmlp.compress.report import CompressionReport, count_parameters
+    from svdmlp import checkpoint, models
+    from svdmlp.compression.report import CompressionReport, count_parameters
     from svdmlp.evaluate import suite
 
     settings = options.eval_settings(args)
     # Tasks alone ask for no perplexity: the default text applies only when nothing else is asked for.
     texts = options.eval_texts(args, () if args.tasks else (DEFAULT_TEXT,))
-    model, tokenizer, metadata = load_target(args.target, args)
     device, dtype = options.runtime(args)
+    model, tokenizer, metadata = checkpoint.load_any(args.target, args.backend, dtype, device)
     rows = []
     calibration = {}
     if metadata is None:

@@ -6,7 +6,6 @@ import argparse
 from dataclasses import asdict
 
 from svdmlp.cli import options
-from svdmlp.cli.evaluate import load_target
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -34,6 +33,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> options.Outcome:
     """Continue one prompt, streaming tokens as they come (``--engine hf``: Hugging Face ``generate``)."""
+    from svdmlp import checkpoint
     from svdmlp.engine import Engine, Sampling
     from svdmlp.engine.stream import TextStream
 
@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
-    model, tokenizer, _ = load_target(args.target, args)
+    device, dtype = options.runtime(args)
+    model, tokenizer, _ = checkpoint.load_any(args.target, args.backend, dtype, device)
     prompt = _prompt_ids(tokenizer, args)
     stream = TextStream(tokenizer, lambda text: print(text, end="", flush=True))
     if args.engine == "hf":

@@ -16,7 +16,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp import checkpoint
-    from svdmlp.compress import report
+    from svdmlp.compression import report
 
     metadata = checkpoint.read_metadata(args.directory)
     result = report.CompressionReport.from_dict(metadata["report"])

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from svdmlp.compress.ranks import achieved_keep, uniform_ranks
+from svdmlp.compression.ranks import achieved_keep, uniform_ranks
 from svdmlp.plan.cost import (
     Traffic,
     arithmetic_intensity,

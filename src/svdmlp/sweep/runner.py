@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from svdmlp import models
-from svdmlp.compress import pipeline
+from svdmlp.compression import pipeline
 from svdmlp.config import CompressConfig
 from svdmlp.evaluate import suite
 

@@ -1,0 +1,212 @@
+"""The compression pipeline: the order of the steps, and nothing else.
+
+1. check what to compress (layers, weights) and plan every matrix's rank with the rank rule, so that
+   an impossible rank fails before any expensive work;
+2. calibrate: the dense model's activation Grams (one-shot, or for budget allocation);
+3. with ``--allocate``, re-plan the ranks from each layer's measured sensitivity;
+4. factorise every layer, one-shot or sequentially (each layer calibrated on the compressed layers
+   before it, with closed-form healing of down if asked);
+5. heal by distillation if asked, and report.
+
+Each step lives in its own module and gets what it needs as arguments; none calls back into this one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn as nn
+
+from svdmlp import arch
+from svdmlp.compression import factorise, ranks, sensitivity, sequential
+from svdmlp.compression.calibration import Calibration, config_windows, tokens_hash
+from svdmlp.compression.heal import distill
+from svdmlp.compression.report import CompressionReport, LayerRecord, count_parameters
+from svdmlp.config import CompressConfig
+
+# Windows scored per layer to measure its sensitivity (--allocate), and their length at most: the
+# 512 tokens per probe that the allocation was validated with on SmolLM2 (BENCHMARKS.md).
+SENSITIVITY_WINDOWS = 2
+SENSITIVITY_SEQ_LEN = 256
+
+
+def _check_layers(config: CompressConfig, num_layers: int) -> list[int]:
+    if config.layers is None:
+        return list(range(num_layers))
+    bad = [i for i in config.layers if i >= num_layers]
+    if bad:
+        raise ValueError(f"layers {bad} do not exist: the model has {num_layers} decoder layers")
+    return list(config.layers)
+
+
+def _check_weights(model: nn.Module, spec: arch.ArchSpec, index: int, config: CompressConfig) -> str:
+    """Reason to skip this layer's MLP, or "" to compress it; NaN/inf weights are an error."""
+    reason = ""
+    for name in config.targets:
+        linear = arch.dense_projection(model, spec, index, name)
+        if not isinstance(linear, nn.Linear):
+            return f"{spec.projection(name)} is a {type(linear).__name__}, not a dense nn.Linear"
+        if not torch.isfinite(linear.weight).all():
+            raise ValueError(f"{arch.mlp_name(spec, index)}.{spec.projection(name)} has NaN or inf weights")
+        if linear.bias is not None:
+            reason = f"{spec.projection(name)} has a bias (not supported by the low-rank modules)"
+    return reason
+
+
+def _layers_to_compress(model: nn.Module, spec: arch.ArchSpec, config: CompressConfig):
+    """(selected layer indices, skip reason per selected index, indices to compress)."""
+    selected = _check_layers(config, len(arch.decoder_layers(model, spec)))
+    skip = {i: _check_weights(model, spec, i, config) for i in selected}
+    return selected, skip, [i for i in selected if not skip[i]]
+
+
+def _rule_ranks(model, spec, config, indices) -> dict[int, dict[str, int]]:
+    """The rank rule's rank of every targeted projection of layers ``indices``."""
+    planned = {}
+    for index in indices:
+        linears = {name: arch.dense_projection(model, spec, index, name) for name in config.targets}
+        shapes = {name: (linear.in_features, linear.out_features) for name, linear in linears.items()}
+        planned[index] = ranks.uniform_ranks(shapes, config.keep, config.align)
+    return planned
+
+
+def collect_calibration(
+    model: nn.Module,
+    tokenizer,
+    config: CompressConfig,
+    calibration_text: str | None = None,
+    progress: bool = True,
+) -> Calibration:
+    """Collect the Grams :func:`compress` needs for ``config`` (any keep) from the dense ``model``."""
+    spec = arch.of_model(model)
+    windows = config_windows(tokenizer, config, calibration_text)
+    return Calibration.collect(model, spec, windows, _layers_to_compress(model, spec, config)[2], progress)
+
+
+def compress(
+    model: nn.Module,
+    tokenizer,
+    config: CompressConfig,
+    calibration_text: str | None = None,
+    progress: bool = True,
+    calibration: Calibration | None = None,
+) -> CompressionReport:
+    """Factorise the MLPs of ``model`` in place as ``config`` says and report what was done.
+
+    Args:
+        model: a supported Hugging Face causal LM (see :mod:`svdmlp.arch`).
+        tokenizer: its tokenizer (for the calibration text).
+        config: keep, align, method, calibration and targets.
+        calibration_text: overrides ``config.calibration.source`` when given.
+        calibration: Grams from :func:`collect_calibration` on the same dense model and config
+            (keep aside); when given, no calibration forward pass runs here. In sequential mode
+            the dense Grams only serve budget allocation: each layer is calibrated as it comes.
+
+    Returns:
+        A report with every decoder layer (compressed or skipped with the reason), ranks, achieved
+        keep, errors, parameter counts and the hash of the calibration tokens.
+    """
+    started = time.perf_counter()
+    spec = arch.of_model(model)
+    layers = arch.decoder_layers(model, spec)
+    selected, skip, to_compress = _layers_to_compress(model, spec, config)
+    mlp_names = [arch.mlp_name(spec, i) for i in range(len(layers))]
+    before = count_parameters(model, mlp_names)
+    planned = _rule_ranks(model, spec, config, to_compress)  # fails on an impossible rank, before any work
+
+    def windows(count: int | None = None, seq_len: int | None = None, seed: int | None = None):
+        return config_windows(tokenizer, config, calibration_text, count, seq_len, seed)
+
+    grams, calibration_info = {}, {}
+    calibrated = time.perf_counter()
+    if config.needs_dense_grams and to_compress:
+        if calibration is None:
+            calibration = Calibration.collect(model, spec, windows(), to_compress, progress)
+        missing = sorted(set(to_compress) - set(calibration.grams))
+        if missing:
+            raise ValueError(f"the calibration given has no Grams for layers {missing}")
+        grams = {i: calibration.grams[i] for i in to_compress}  # popped below; the caller's dict stays
+        calibration_info = calibration.info
+    grams_used = bool(grams) or (config.sequential and bool(to_compress))
+    teacher = distill.DenseTeacher(model, spec, to_compress) if config.heals_lora and to_compress else None
+
+    factorising = time.perf_counter()
+    timings, allocation = {}, {}
+    if config.allocation == "budget" and to_compress:
+        seq_len = min(SENSITIVITY_SEQ_LEN, config.calibration.seq_len)
+        probes = windows(SENSITIVITY_WINDOWS, seq_len, config.seed + 3)
+        planned, allocation = sensitivity.allocate(
+            model, spec, planned, grams, probes, config.keep, config.align, progress
+        )
+        timings["allocation"] = allocation["seconds"]
+
+    done_by_index, sequential_calibration = {}, 0.0
+    if config.sequential and to_compress:
+        grams.clear()  # only the ranks came from the dense Grams
+        sequential_started, factorised = time.perf_counter(), 0.0
+        tokens = windows()
+        layers_in_order = sequential.calibrated_layers(
+            model, spec, tokens, sorted(planned), keep_inputs=config.heals_closed_form, progress=progress
+        )
+        for index, layer_grams, inputs in layers_in_order:
+            begun = time.perf_counter()
+            done_by_index[index] = factorise.layer(model, spec, index, planned[index], layer_grams, inputs)
+            factorised += time.perf_counter() - begun
+        sequential_calibration = time.perf_counter() - sequential_started - factorised
+        calibration_info = {
+            "tokens": tokens.numel(),
+            "sha256": tokens_hash(tokens),
+            "sequential": True,
+        }
+    records = []
+    for index in range(len(layers)):
+        name = mlp_names[index]
+        if index not in selected:
+            records.append(LayerRecord(index, name, "skipped", "not selected by config.layers"))
+        elif skip[index]:
+            records.append(LayerRecord(index, name, "skipped", skip[index]))
+        elif index in done_by_index:
+            records.append(done_by_index[index])
+        else:
+            layer_grams = grams.pop(index, None)  # free each layer's Grams as soon as it is done
+            records.append(factorise.layer(model, spec, index, planned[index], layer_grams))
+    done = time.perf_counter()
+
+    healing = {}
+    if teacher is not None:
+        healing = _heal_by_distillation(model, config, teacher, windows, calibration_text, progress)
+        timings["healing"] = healing["seconds"]
+    del teacher  # the dense MLPs it kept
+    finished = time.perf_counter()
+    return CompressionReport(
+        layers=records,
+        params_before=before,
+        params_after=count_parameters(model, mlp_names),
+        seconds=finished - started,
+        timings={
+            "calibration": factorising - calibrated + sequential_calibration,
+            "factorisation": done - factorising - sequential_calibration - timings.get("allocation", 0.0),
+            **timings,
+        },
+        calibration=calibration_info,
+        error_metric="activation-weighted" if grams_used else "weight-frobenius",
+        healing=healing,
+        allocation=allocation,
+    )
+
+
+def _heal_by_distillation(model, config, teacher, windows, calibration_text, progress) -> dict:
+    """Run :func:`distill.distill` on windows of its own; what the report records of it."""
+    lora = config.lora
+    training = windows(lora.steps, lora.seq_len, config.seed + 1)
+    texts = 1 if calibration_text is not None else len(config.calibration.mixture)
+    validation = windows(max(2, texts), lora.seq_len, config.seed + 2)
+    result = distill.distill(model, teacher, training, validation, lora, progress=progress)
+    return {
+        "method": "lora",
+        **result.to_dict(),
+        "lr": lora.lr,
+        "seq_len": lora.seq_len,
+        "sha256": tokens_hash(training),
+    }

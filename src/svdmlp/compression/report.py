@@ -1,0 +1,169 @@
+"""What a compression did, per matrix and in total: the record saved as ``svdmlp.json``, and its
+plain-text form (``svdmlp compress`` and ``svdmlp info`` print it)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from svdmlp.tables import format_table
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class ProjectionRecord:
+    """One factorised matrix: its shape, rank, achieved keep and activation-weighted error.
+
+    With closed-form healing, a down projection's ``heal_error_before``/``heal_error_after`` are
+    its relative errors against the dense MLP's output when fed by the compressed gate and up,
+    ``‖W·Hᵀ − V·U·H̃ᵀ‖ / ‖W·Hᵀ‖``, without and with the compensating fit (see :mod:`svdmlp.compression.heal.closed_form`).
+    """
+
+    name: str
+    in_features: int
+    out_features: int
+    rank: int
+    keep: float
+    error: float
+    heal_error_before: float | None = None
+    heal_error_after: float | None = None
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """One decoder layer's MLP: compressed (with its projections) or skipped, with the reason."""
+
+    index: int
+    module: str
+    status: str
+    reason: str = ""
+    projections: tuple[ProjectionRecord, ...] = ()
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        return {p.name: p.rank for p in self.projections}
+
+
+@dataclass
+class CompressionReport:
+    """Everything ``svdmlp.json`` records besides the config and the file checksums."""
+
+    layers: list[LayerRecord]
+    params_before: dict[str, int]
+    params_after: dict[str, int]
+    seconds: float
+    calibration: dict = field(default_factory=dict)
+    # "activation-weighted" (‖(W − VU)Xᵀ‖/‖WXᵀ‖ on the calibration data) or, without calibration,
+    # "weight-frobenius" (‖W − VU‖/‖W‖).
+    error_metric: str = "activation-weighted"
+    # Wall seconds per phase ("calibration", "factorisation", "allocation" and "healing" if any); ``seconds`` is their
+    # total plus checks.
+    timings: dict = field(default_factory=dict)
+    # Distillation healing ("lora"): steps, lr, seq_len, tokens and their hash, seconds, validation
+    # KL (nats/token, dense -> compressed) before and after; empty without it.
+    healing: dict = field(default_factory=dict)
+    # Ranks allocated under the budget (--allocate): the probe tokens and their hash, seconds, and per
+    # layer the KL measured at the reference rank, the rank chosen and the KL predicted there; empty
+    # with uniform ranks.
+    allocation: dict = field(default_factory=dict)
+
+    @property
+    def achieved_keep(self) -> float:
+        """Kept fraction of the MLP parameters of the whole model (skipped layers count as kept), from
+        the parameters counted in the model: for bias-free MLPs, what
+        :func:`svdmlp.compression.ranks.achieved_keep` gives for every matrix and its rank."""
+        return self.params_after["mlp"] / self.params_before["mlp"]
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["achieved_keep"] = self.achieved_keep
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CompressionReport:
+        layers = [
+            LayerRecord(
+                **{**layer, "projections": tuple(ProjectionRecord(**p) for p in layer["projections"])}
+            )
+            for layer in data["layers"]
+        ]
+        return cls(
+            layers=layers,
+            params_before=data["params_before"],
+            params_after=data["params_after"],
+            seconds=data["seconds"],
+            calibration=data.get("calibration", {}),
+            error_metric=data.get("error_metric", "activation-weighted"),
+            timings=data.get("timings", {}),
+            healing=data.get("healing", {}),
+            allocation=data.get("allocation", {}),
+        )
+
+
+def count_parameters(model: nn.Module, mlp_names: list[str]) -> dict[str, int]:
+    """Parameters of the whole model (tied tensors once) and of the MLP modules named."""
+    total = sum(p.numel() for p in model.parameters())
+    modules = dict(model.named_modules())
+    mlp = sum(p.numel() for name in mlp_names for p in modules[name].parameters())
+    return {"total": total, "mlp": mlp}
+
+
+def layer_table(report: CompressionReport) -> str:
+    """One row per layer; with allocated ranks, also why: the KL the layer alone caused at the
+    reference rank, and the KL predicted at the rank it got."""
+    allocated = {layer["index"]: layer for layer in report.allocation.get("layers", [])}
+    rows = []
+    for layer in report.layers:
+        if layer.status != "compressed":
+            rows.append([layer.index, f"skipped: {layer.reason}", "", "", ""] + [""] * bool(allocated))
+            continue
+        projections = layer.projections
+        row = [
+            layer.index,
+            "compressed",
+            "/".join(str(p.rank) for p in projections),
+            "/".join(f"{p.keep:.3f}" for p in projections),
+            "/".join(f"{p.error:.3f}" for p in projections),
+        ]
+        if allocated:
+            why = allocated[layer.index]
+            row.append(f"{why['kl']:.4f} at rank {why['reference_rank']} -> {why['predicted_kl']:.4f}")
+        rows.append(row)
+    names = "/".join(p.name for p in next((la.projections for la in report.layers if la.projections), ()))
+    header = ["layer", "status", f"rank {names}", "keep", f"error ({report.error_metric})"]
+    return format_table(header + ["KL alone (nats/token) -> predicted"] * bool(allocated), rows)
+
+
+def heal_line(report: CompressionReport) -> str:
+    """What healing changed, on the calibration data, one line per stage ("" when nothing was healed)."""
+    lines = []
+    pairs = [
+        (p.heal_error_before, p.heal_error_after)
+        for layer in report.layers
+        for p in layer.projections
+        if p.heal_error_before is not None
+    ]
+    if pairs:
+        before, after = (sum(values) / len(pairs) for values in zip(*pairs, strict=True))
+        lines.append(
+            f"healing (closed-form): mean error of down against the dense MLP output {before:.4f} -> "
+            f"{after:.4f} over {len(pairs)} matrices"
+        )
+    if report.healing:
+        h = report.healing
+        lines.append(
+            f"healing (lora): {h['steps']} steps of {h['seq_len']} tokens in {h['seconds']:.1f} s; "
+            f"validation KL to the dense model {h['kl_before']:.4f} -> {h['kl_after']:.4f} nats/token"
+            + ("; it rose, so the factors from before healing were kept" if h.get("reverted") else "")
+        )
+    return "\n".join(lines)
+
+
+def summary_line(report: CompressionReport) -> str:
+    before, after = report.params_before, report.params_after
+    return (
+        f"MLP parameters {before['mlp']:,} -> {after['mlp']:,} (achieved keep {report.achieved_keep:.4f}); "
+        f"model {before['total']:,} -> {after['total']:,} ({after['total'] / before['total']:.4f})"
+    )

@@ -1,0 +1,168 @@
+"""Sequential calibration: compress decoder layers in order, each on the outputs of those before it.
+
+One-shot calibration takes every layer's Grams from the dense model, so no layer can compensate for
+the error of the compressed layers before it, and the errors compound through the depth. Here layer
+``i`` is calibrated on the hidden states that the *already compressed* layers ``0..i-1`` produce
+(as SVD-LLM and llm-compressor do). Memory stays at about one layer's activations for the
+calibration set: the hidden states entering the current layer (and, for closed-form healing, the
+inputs of its MLP), never the whole model's.
+
+How: one forward pass with every decoder layer replaced by a recorder captures what the model feeds
+its layers (the hidden states entering layer 0, and each layer's keyword arguments: position
+embeddings, attention masks (local and global ones differ per layer in Gemma 2/3 and Qwen), position
+ids...). Then, for each layer: run it on the current hidden states with taps on its MLP's inputs,
+accumulate the Grams, hand them to the caller (who compresses the MLP in place), and run the now
+compressed layer to produce the next hidden states. The caller drives: :func:`calibrated_layers` is a
+generator, so it never calls back into the code that compresses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from svdmlp import arch
+from svdmlp.compression.calibration import LayerGrams, accumulate_gram
+
+
+class _Captured(Exception):
+    """Raised by the recorder of the last layer needed: the rest of the forward is not wanted."""
+
+
+@dataclass
+class _Batch:
+    """One batch of calibration windows on its way through the layers."""
+
+    hidden: torch.Tensor  # (batch, seq, hidden): input of the current layer in the compressed model
+    kwargs: list[dict]  # per decoder layer: the keyword arguments the model passes it
+
+
+class _Recorder(nn.Module):
+    """Stands in for a decoder layer during capture: records its inputs and computes nothing."""
+
+    def __init__(self, index: int, last: int, sink: list[dict]):
+        super().__init__()
+        self.index, self.last, self.sink = index, last, sink
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.sink.append({"hidden": hidden_states, "kwargs": kwargs} if self.index == 0 else kwargs)
+        if self.index == self.last:
+            raise _Captured
+        return hidden_states
+
+
+@torch.no_grad()
+def _capture(
+    model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor, last: int, batch_size: int
+) -> list[_Batch]:
+    """Each batch's hidden states entering layer 0 and the kwargs of layers ``0..last``."""
+    layers = arch.decoder_layers(model, spec)
+    originals = list(layers)
+    device = next(model.parameters()).device
+    sink: list[dict] = []
+    batches = []
+    try:
+        for index in range(last + 1):
+            layers[index] = _Recorder(index, last, sink)
+        for batch in windows.split(batch_size):
+            sink.clear()
+            try:
+                model(input_ids=batch.to(device), use_cache=False)
+            except _Captured:
+                pass
+            hidden = sink[0]["hidden"]
+            kwargs = [sink[0]["kwargs"], *sink[1:]]
+            batches.append(_Batch(hidden, kwargs))
+    finally:
+        for index, layer in enumerate(originals):
+            layers[index] = layer
+    return batches
+
+
+def _run(layer: nn.Module, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """A decoder layer's output hidden states (transformers 5 returns a tensor, older ones a tuple)."""
+    output = layer(hidden, **kwargs)
+    return output[0] if isinstance(output, tuple) else output
+
+
+class _Taps:
+    """Forward pre-hooks keeping the latest inputs of an MLP and of its down projection."""
+
+    def __init__(self, mlp: nn.Module, down: nn.Module):
+        self.mlp_input = self.down_input = None
+        self._handles = [
+            mlp.register_forward_pre_hook(lambda module, args: setattr(self, "mlp_input", args[0])),
+            down.register_forward_pre_hook(lambda module, args: setattr(self, "down_input", args[0])),
+        ]
+
+    def __enter__(self) -> _Taps:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def _calibrate_layer(
+    layer: nn.Module, spec: arch.ArchSpec, batches: list[_Batch], index: int, keep_inputs: bool
+) -> tuple[LayerGrams, list[torch.Tensor] | None]:
+    """Grams of layer ``index``'s (still dense) MLP on the compressed model's inputs, and with
+    ``keep_inputs`` the MLP's input batches themselves."""
+    mlp = getattr(layer, spec.mlp)
+    down = getattr(mlp, spec.down)
+    hidden, inter = getattr(mlp, spec.gate).in_features, down.in_features
+    grams = LayerGrams.zeros(hidden, inter, down.weight.device)
+    inputs = [] if keep_inputs else None
+    with _Taps(mlp, down) as taps:
+        for batch in batches:
+            _run(layer, batch.hidden, batch.kwargs[index])
+            accumulate_gram(grams.gate_up, taps.mlp_input)
+            accumulate_gram(grams.down, taps.down_input)
+            grams.tokens += taps.mlp_input.numel() // hidden
+            if keep_inputs:
+                inputs.append(taps.mlp_input)
+    return grams, inputs
+
+
+@torch.no_grad()
+def calibrated_layers(
+    model: nn.Module,
+    spec: arch.ArchSpec,
+    windows: torch.Tensor,
+    indices: list[int],
+    keep_inputs: bool = False,
+    batch_size: int = 4,
+    progress: bool = True,
+) -> Iterator[tuple[int, LayerGrams, list[torch.Tensor] | None]]:
+    """Yield ``(index, grams, inputs)`` for layers ``indices`` in order, each calibrated on the model as
+    the caller has compressed it so far.
+
+    The caller compresses layer ``index``'s MLP in place before asking for the next item; the layer
+    then runs as it is to produce the hidden states the next layers are calibrated on.
+
+    Args:
+        windows: calibration tokens ``(num_samples, seq_len)``.
+        indices: decoder layers to calibrate; the others only carry the hidden states forward.
+        keep_inputs: also yield the MLP's input batches (closed-form healing refits down on them);
+            otherwise ``inputs`` is None.
+    """
+    if not indices:
+        return
+    layers = arch.decoder_layers(model, spec)
+    last = max(indices)
+    batches = _capture(model, spec, windows, last, batch_size)
+    wanted = set(indices)
+    for index in tqdm(range(last + 1), desc="sequential", unit="layer", disable=not progress):
+        if index in wanted:
+            grams, inputs = _calibrate_layer(layers[index], spec, batches, index, keep_inputs)
+            yield index, grams, inputs
+            del grams, inputs
+        if index == last:
+            break  # nothing after the last compressed layer needs its inputs
+        for batch in batches:
+            batch.hidden = _run(layers[index], batch.hidden, batch.kwargs[index])

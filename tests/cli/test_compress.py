@@ -1,0 +1,174 @@
+"""``svdmlp compress``: the table and summary it prints, what it saves, and bad input refused with one
+line and exit 2, touching no file."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, BertConfig, GPT2Config
+
+from conftest import assert_cli_error, run_cli, snapshot
+from svdmlp import checkpoint
+
+TINY = ["--align", "8", "--calib-samples", "4", "--calib-seq-len", "32"]
+
+
+def test_compress_prints_layer_table_and_summary(compressed, tmp_path, capsys):
+    model_dir, text, _ = compressed
+    out_dir = tmp_path / "out"
+    code, out, _ = run_cli(
+        capsys, "compress", model_dir, "--keep", "0.5", "--calib", text, *TINY, "--out", out_dir
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "layer",
+        "status",
+        "rank",
+        "gate/up/down",
+        "keep",
+        "error",
+        "(activation-weighted)",
+    ]
+    assert lines[2].split()[:4] == ["0", "compressed", "16/16/16", "0.417/0.417/0.417"]
+    assert lines[3].split()[:4] == ["1", "compressed", "16/16/16", "0.417/0.417/0.417"]
+    assert "MLP parameters 36,864 -> 15,360 (achieved keep 0.4167); model 102,720 -> 81,216 (0.7907)" in out
+    assert f"saved {out_dir.resolve()}" in out
+    metadata = checkpoint.read_metadata(out_dir)
+    assert metadata["dtype"] == "bfloat16"  # --save-dtype default
+    assert metadata["base_model"] == str(model_dir)
+    assert metadata["config"]["calibration"] == {"source": str(text), "num_samples": 4, "seq_len": 32}
+
+
+def test_compress_allocate_says_why_each_layer_got_its_rank(compressed, tmp_path, capsys):
+    model_dir, text, _ = compressed
+    out_dir = tmp_path / "out"
+    code, out, _ = run_cli(
+        capsys, "compress", model_dir, "--keep", "0.5", "--allocate", "--calib", text, *TINY, "--out", out_dir
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].endswith("KL alone (nats/token) -> predicted")
+    assert " at rank 16 -> " in lines[2] and " at rank 16 -> " in lines[3]  # the rank rule at 0.5
+    assert "allocation " in out.splitlines()[-1]  # its own phase in the wall time
+    report = checkpoint.read_metadata(out_dir)["report"]
+    assert [layer["index"] for layer in report["allocation"]["layers"]] == [0, 1]
+
+
+def test_compress_overwrite(compressed, tmp_path, capsys):
+    model_dir, text, ckpt = compressed
+    out_dir = tmp_path / "ckpt"
+    shutil.copytree(ckpt, out_dir)
+    before = snapshot(out_dir)
+    argv = ["compress", model_dir, "--keep", "0.25", "--calib", text, *TINY, "--out", out_dir]
+    assert_cli_error(capsys, "compress", argv, "already holds an svdmlp checkpoint", "--overwrite")
+    assert snapshot(out_dir) == before
+    code, _, _ = run_cli(capsys, *argv, "--overwrite")
+    assert code == 0
+    assert checkpoint.read_metadata(out_dir)["config"]["keep"] == 0.25
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.parametrize(
+    ("options", "phrases"),
+    [
+        (["--keep", "1.5"], ["keep must be in (0, 1]", "got 1.5"]),
+        (["--keep", "0"], ["keep must be in (0, 1]", "got 0.0"]),
+        (["--keep", "0.5", "--align", "0"], ["align must be an integer >= 1, got 0"]),
+        (["--keep", "0.5", "--align", "64"], ["align 64 leaves no room for a rank", "use a smaller align"]),
+        (["--keep", "0.5", "--calib-samples", "0"], ["num_samples must be >= 1"]),
+        (["--keep", "0.5", "--targets", "gate,sideways"], ["targets must be distinct names"]),
+        (["--keep", "0.5", "--layers", "7"], ["layers [7] do not exist: the model has 2 decoder layers"]),
+    ],
+)
+def test_compress_rejects_bad_settings(compressed, tmp_path, capsys, options, phrases):
+    model_dir, text, _ = compressed
+    out_dir = tmp_path / "out"
+    argv = ["compress", model_dir, "--calib", text, "--out", out_dir, *options]
+    if "--align" not in options:
+        argv += ["--align", "8"]
+    assert_cli_error(capsys, "compress", argv, *phrases)
+    assert not out_dir.exists()
+
+
+def test_missing_model_directory(compressed, tmp_path, capsys):
+    _, text, _ = compressed
+    missing = tmp_path / "no-such-model"
+    argv = ["compress", missing, "--calib", text, "--out", tmp_path / "out"]
+    assert_cli_error(capsys, "compress", argv, f"model directory {missing} does not exist")
+    assert_cli_error(capsys, "generate", ["generate", missing, "--prompt", "x"], "does not exist")
+
+
+def test_directory_that_is_not_a_model(compressed, tmp_path, capsys):
+    _, text, _ = compressed
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "readme.txt").write_text("not a model")
+    argv = ["compress", folder, "--calib", text, "--out", tmp_path / "out"]
+    assert_cli_error(
+        capsys, "compress", argv, f"{folder} is not a Hugging Face model directory (no config.json)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "model_type"),
+    [
+        (GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64), "gpt2"),
+        (
+            BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64),
+            "bert",
+        ),
+    ],
+)
+def test_unsupported_architecture(compressed, tmp_path, capsys, config, model_type):
+    _, text, _ = compressed
+    config.save_pretrained(tmp_path / model_type)
+    argv = ["compress", tmp_path / model_type, "--calib", text, "--out", tmp_path / "out"]
+    assert_cli_error(
+        capsys,
+        "compress",
+        argv,
+        f"unsupported model type {model_type!r}",
+        "svdmlp supports: gemma, gemma2, gemma3, gemma3_text, llama, mistral, qwen2, qwen3",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_is_a_non_checkpoint_directory(compressed, tmp_path, capsys):
+    model_dir, text, _ = compressed
+    out_dir = tmp_path / "mine"
+    out_dir.mkdir()
+    (out_dir / "thesis.tex").write_text("years of work")
+    before = snapshot(out_dir)
+    for extra in ([], ["--overwrite"]):
+        argv = ["compress", model_dir, "--calib", text, *TINY, "--out", out_dir, *extra]
+        assert_cli_error(capsys, "compress", argv, f"{out_dir} exists and is not an svdmlp checkpoint")
+        assert snapshot(out_dir) == before
+
+
+def test_calibration_text_errors(compressed, tmp_path, capsys):
+    model_dir, _, _ = compressed
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    missing = tmp_path / "missing.txt"
+    for calib, phrase in (
+        (empty, f"text file {empty} is empty"),
+        (missing, f"text file {missing} does not exist"),
+    ):
+        argv = ["compress", model_dir, "--calib", calib, *TINY, "--out", tmp_path / "out"]
+        assert_cli_error(capsys, "compress", argv, phrase)
+        assert not (tmp_path / "out").exists()
+
+
+def test_nan_weights(compressed, tokenizer, tmp_path, capsys):
+    model_dir, text, _ = compressed
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[3, 5] = float("nan")
+    model.save_pretrained(tmp_path / "nan-model")
+    tokenizer.save_pretrained(tmp_path / "nan-model")
+    argv = ["compress", tmp_path / "nan-model", "--calib", text, *TINY, "--out", tmp_path / "out"]
+    assert_cli_error(capsys, "compress", argv, "model.layers.1.mlp.up_proj has NaN or inf weights")
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,213 @@
+"""``svdmlp eval``: a checkpoint against its dense base (or a model alone) on perplexity texts and lm-eval
+tasks: one table, deltas, a stable JSON record, and bad input as one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from conftest import assert_cli_error, run_cli, tiny_checkpoint
+from svdmlp.evaluate import harness, tasks
+
+pytest.importorskip("lm_eval")
+
+RECORDS = [
+    {"question": "the quick fox", "choices": ["jumps over", "sleeps"], "label": 0},
+    {"question": "the lazy dog", "choices": ["walks", "sings over the far hill"], "label": 1},
+    {"question": "the brave king", "choices": ["speaks", "runs", "falls"], "label": 2},
+]
+EVAL = ["--seq-len", "32", "--max-windows", "2"]
+TOP_KEYS = {
+    "calibration",
+    "failed",
+    "keep_definition",
+    "perplexity",
+    "protocol",
+    "rows",
+    "seed",
+    "settings",
+    "text",
+    "versions",
+}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tokenizer):
+    """A tiny Llama directory, a text, a local task folder and a checkpoint compressed from the model."""
+    root = tmp_path_factory.mktemp("evalcmd")
+    model_dir, text, ckpt = tiny_checkpoint(root, tokenizer)
+    task_dir = root / "tasks"
+    tasks.write_multiple_choice_task(task_dir, "tiny_mc", RECORDS)
+    return model_dir, text, task_dir, ckpt
+
+
+@pytest.fixture(autouse=True)
+def local_tasks_only(monkeypatch):
+    local = harness._task_manager.__wrapped__  # lm-eval's own 15 s index is not needed here
+    monkeypatch.setattr(harness, "_task_manager", lambda factory, path, defaults: local(factory, path, False))
+
+
+def test_checkpoint_and_base_on_text_and_task(setup, capsys, tmp_path):
+    model_dir, text, task_dir, ckpt = setup
+    output = tmp_path / "result.json"
+    argv = ["eval", ckpt, "--text", text, *EVAL, "--tasks", "tiny_mc", "--include-path", task_dir]
+    code, out, _ = run_cli(capsys, *argv, "--json", output)
+    assert code == 0
+    header = out.splitlines()[1]
+    assert "tiny_mc acc" in header and "tiny_mc acc_norm" in header
+    assert "compressed / dense perplexity:" in out and "compressed - dense accuracy: tiny_mc acc " in out
+    assert out.strip().splitlines()[-1] == f"wrote {output}"
+    summary = json.loads(output.read_text())
+    assert set(summary) == TOP_KEYS
+    code, printed, _ = run_cli(capsys, *argv, "--json", "-")  # the same record on standard output
+    assert code == 0 and json.loads(printed) == summary
+    assert summary["failed"] == [] and summary["seed"] == 0
+    assert summary["settings"] == {
+        "seq_len": 32,
+        "max_windows": 2,
+        "batch_size": 1,
+        "tasks": ["tiny_mc"],
+        "include_path": str(task_dir),
+        "limit": None,
+        "seed": 0,
+    }
+    assert set(summary["versions"]) == {"svdmlp", "torch", "transformers", "lm_eval"}
+    assert set(summary["calibration"]) == {"tokens", "sha256"} and summary["calibration"]["tokens"] == 128
+    dense, compressed = summary["rows"]
+    for row in (dense, compressed):
+        assert set(row) == {
+            "model",
+            "kind",
+            "params",
+            "mlp_params",
+            "achieved_keep",
+            "perplexity",
+            "tasks",
+        } | ({"compress_seconds"} if row is compressed else set())
+        result = row["tasks"]["tiny_mc"]
+        assert result["error"] == "" and result["samples"] == len(RECORDS)
+        assert set(result["metrics"]) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}
+    assert dense["achieved_keep"] == 1.0 and compressed["achieved_keep"] < 0.5
+
+
+def test_a_failed_task_is_reported_and_exits_1(setup, capsys, tmp_path):
+    model_dir, _, task_dir, _ = setup
+    output = tmp_path / "result.json"
+    argv = ["eval", model_dir, "--tasks", "tiny_mc,missing_mc", "--include-path", task_dir, "--json", output]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 1
+    lines = out.strip().splitlines()
+    assert (
+        f"task missing_mc failed on dense: unknown task 'missing_mc': not in lm-eval's registry or {task_dir}"
+        in lines
+    )
+    summary = json.loads(output.read_text())
+    assert summary["failed"] == [lines[-2]]
+    (row,) = summary["rows"]
+    assert row["perplexity"] == {}  # tasks alone: no default text
+    assert row["tasks"]["tiny_mc"]["error"] == "" and row["tasks"]["missing_mc"]["metrics"] == {}
+    assert "failed" in lines[3]  # the table's cell, not a blank
+
+
+def test_bad_task_options_are_one_line_errors(setup, capsys, tmp_path):
+    model_dir, _, task_dir, _ = setup
+    code, _, err = run_cli(capsys, "eval", model_dir, "--tasks", "x", "--include-path", tmp_path / "none")
+    assert (
+        code == 2
+        and err.strip() == f"svdmlp eval: error: --include-path {tmp_path / 'none'} is not a directory"
+    )
+    code, _, err = run_cli(
+        capsys, "eval", model_dir, "--tasks", "tiny_mc", "--include-path", task_dir, "--limit", "0"
+    )
+    assert code == 2 and err.strip() == "svdmlp eval: error: limit must be >= 1, got 0"
+
+
+def test_eval_checkpoint_against_its_dense_base(compressed, capsys):
+    model_dir, text, ckpt = compressed
+    code, out, err = run_cli(capsys, "eval", ckpt, "--text", text, *EVAL, "--json", "-")
+    assert code == 0
+    lines = err.strip().splitlines()
+    assert (
+        "token-level perplexity: non-overlapping 32-token windows (first 2), no BOS, float32 on cpu" in lines
+    )
+    assert "compressed / dense perplexity:" in err
+    summary = json.loads(out)
+    assert isinstance(summary["perplexity"], float) and math.isfinite(summary["perplexity"])
+    assert summary["perplexity"] > 1
+    assert summary["text"] == str(text)
+    dense, compressed_row = summary["rows"]
+    assert dense["kind"] == "dense" and dense["model"] == str(model_dir)
+    assert compressed_row["kind"] == "compressed (whiten keep 0.5)" and compressed_row["model"] == str(ckpt)
+    assert summary["perplexity"] == compressed_row["perplexity"][str(text)]
+    assert compressed_row["params"] == 81216 and dense["params"] == 102720
+    assert compressed_row["achieved_keep"] == pytest.approx(15360 / 36864)
+
+
+def test_eval_dense_model(compressed, capsys):
+    model_dir, text, _ = compressed
+    code, out, _ = run_cli(capsys, "eval", model_dir, "--text", text, *EVAL, "--json", "-")
+    assert code == 0
+    summary = json.loads(out)
+    assert [row["kind"] for row in summary["rows"]] == ["dense"]
+    assert isinstance(summary["perplexity"], float) and math.isfinite(summary["perplexity"])
+
+
+def test_eval_no_baseline(compressed, capsys):
+    _, text, ckpt = compressed
+    code, out, _ = run_cli(capsys, "eval", ckpt, "--text", text, *EVAL, "--no-baseline", "--json", "-")
+    assert code == 0
+    summary = json.loads(out)
+    assert [row["kind"] for row in summary["rows"]] == ["compressed (whiten keep 0.5)"]
+
+
+def test_eval_of_a_truncated_checkpoint(compressed, tmp_path, capsys):
+    _, text, ckpt = compressed
+    broken = tmp_path / "broken"
+    shutil.copytree(ckpt, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    assert_cli_error(capsys, "eval", ["eval", broken, "--text", text, *EVAL], "truncated")
+    assert_cli_error(capsys, "generate", ["generate", broken, "--prompt", "x"], "truncated")
+
+
+def test_eval_input_errors(compressed, tmp_path, capsys):
+    _, text, ckpt = compressed
+    assert_cli_error(
+        capsys,
+        "eval",
+        ["eval", ckpt, "--dataset", "bogus", *EVAL],
+        "unknown perplexity set 'bogus'; expected one of ['c4', 'ptb', 'wikitext2']",
+    )
+    assert_cli_error(capsys, "eval", ["eval", ckpt, "--text", tmp_path / "none.txt"], "does not exist")
+    assert_cli_error(
+        capsys,
+        "eval",
+        ["eval", ckpt, "--text", text, "--data-files", "oops"],
+        "--data-files expects SET=PATH",
+    )
+
+
+def test_each_row_scores_its_own_model(compressed, capsys):
+    """The compressed row is the checkpoint's perplexity and the dense row its base model's, each as a
+    plain loop over the same windows gives it (the two differ, so swapping them cannot go unseen)."""
+    from svdmlp import checkpoint, models
+    from svdmlp.evaluate import perplexity
+
+    model_dir, text, ckpt = compressed
+    code, out, _ = run_cli(capsys, "eval", ckpt, "--text", text, *EVAL, "--json", "-")
+    assert code == 0
+    dense_row, compressed_row = json.loads(out)["rows"]
+
+    def plain(model, tokenizer) -> float:
+        windows = perplexity.text_windows(tokenizer, text.read_text(), 32, max_windows=2)
+        return perplexity.perplexity(model, windows, progress=False).perplexity
+
+    expected_compressed = plain(*checkpoint.load(ckpt, dtype=torch.float32))
+    expected_dense = plain(*models.load_dense(str(model_dir))[:2])
+    assert compressed_row["perplexity"][str(text)] == pytest.approx(expected_compressed, rel=1e-6)
+    assert dense_row["perplexity"][str(text)] == pytest.approx(expected_dense, rel=1e-6)
+    assert abs(expected_compressed / expected_dense - 1) > 100 * 1e-6  # far outside the tolerance above

@@ -1,0 +1,59 @@
+"""The shared options: comma-separated lists, the texts eval and sweep score, the ``--json`` writer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from svdmlp.cli import options
+
+
+def test_comma_list_parses_and_drops_blanks():
+    assert options.comma_list(int)("1, 16,,128") == (1, 16, 128)
+    assert options.comma_list(float)("0.8,0.6") == (0.8, 0.6)
+    assert options.comma_list()(" gate , up ") == ("gate", "up")
+    assert options.comma_list(int)("") == ()
+    with pytest.raises(argparse.ArgumentTypeError, match="expected a comma-separated list, got '1,x'"):
+        options.comma_list(int)("1,x")
+
+
+def _args(**flags) -> argparse.Namespace:
+    values = {"text": None, "dataset": [], "data_files": [], **flags}
+    return argparse.Namespace(**values)
+
+
+def test_eval_texts_rules(tmp_path, wikitext):
+    text = tmp_path / "t.txt"
+    text.write_text("some words", encoding="utf-8")
+    assert options.eval_texts(_args(), (str(text),)) == [(str(text), "some words")]
+    assert options.eval_texts(_args(text=[str(text)]), ("unused",)) == [(str(text), "some words")]
+    named = options.eval_texts(_args(dataset=["wikitext2"], data_files=[f"wikitext2={wikitext}"]), ("x",))
+    assert [name for name, _ in named] == ["wikitext2"]  # a --dataset replaces the default texts
+    assert named[0][1].startswith(" the quick fox jumps over the green hill number 0. \n\n")
+    with pytest.raises(ValueError, match=r"\['wikitext2'\] named more than once"):
+        options.eval_texts(_args(dataset=["wikitext2", "wikitext2"], data_files=[f"wikitext2={wikitext}"]))
+
+
+def test_write_json_to_a_file_replaces_it_whole(tmp_path):
+    path = tmp_path / "deep" / "result.json"
+    options.write_json({"b": 1, "a": [1.5]}, str(path))
+    assert json.loads(path.read_text()) == {"a": [1.5], "b": 1}
+    options.write_json({"c": None}, str(path))
+    assert json.loads(path.read_text()) == {"c": None}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["result.json"]  # no staging file left
+
+
+def test_write_json_to_standard_output(capsys):
+    options.write_json({"x": 1}, "-")
+    assert json.loads(capsys.readouterr().out) == {"x": 1}
+
+
+def test_a_record_that_is_not_json_leaves_the_old_file(tmp_path):
+    path = tmp_path / "result.json"
+    options.write_json({"ok": True}, str(path))
+    with pytest.raises(TypeError):
+        options.write_json({"bad": object()}, str(path))
+    assert json.loads(path.read_text()) == {"ok": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]

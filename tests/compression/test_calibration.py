@@ -1,0 +1,90 @@
+import pytest
+import torch
+
+from conftest import SAMPLE_TEXT, tiny_model
+from svdmlp import arch
+from svdmlp.compression import calibration
+
+
+def test_windows_are_seeded_disjoint_and_shaped(tokenizer):
+    a = calibration.token_windows(tokenizer, SAMPLE_TEXT, 6, 32, seed=0)
+    b = calibration.token_windows(tokenizer, SAMPLE_TEXT, 6, 32, seed=0)
+    c = calibration.token_windows(tokenizer, SAMPLE_TEXT, 6, 32, seed=1)
+    assert a.shape == (6, 32) and a.dtype == torch.long
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    ids = tokenizer(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
+    starts = []
+    for row in a.tolist():  # every window is a real span of the text
+        start = next(i for i in range(len(ids) - 31) if ids[i : i + 32] == row)
+        starts.append(start)
+    assert all(later - earlier >= 32 for earlier, later in zip(starts, starts[1:], strict=False))
+    assert calibration.tokens_hash(a) == calibration.tokens_hash(b) != calibration.tokens_hash(c)
+
+
+def test_more_windows_than_the_text_holds_overlap_instead_of_failing(tokenizer):
+    windows = calibration.token_windows(tokenizer, SAMPLE_TEXT, 500, 64, seed=0)
+    assert windows.shape == (500, 64)
+
+
+@pytest.mark.parametrize(
+    "text, message", [("", "empty"), ("   \n", "empty"), ("the fox", "one window needs")]
+)
+def test_bad_calibration_text(tokenizer, text, message):
+    with pytest.raises(ValueError, match=message):
+        calibration.token_windows(tokenizer, text, 4, 32, seed=0)
+
+
+@pytest.mark.parametrize("model_type, index", [("llama", 1), ("gemma3_text", 1), ("llama", 0)])
+def test_grams_equal_the_inputs_the_projections_see(model_type, index):
+    """Also when the forward stops early after the last calibrated layer (index 0 of 2)."""
+    model = tiny_model(model_type)
+    spec = arch.resolve(model.config.model_type)
+    layers = arch.decoder_layers(model, spec)
+    captured = {"gate": [], "down": []}
+    mlp = getattr(layers[index], spec.mlp)
+    hooks = [
+        getattr(mlp, spec.gate).register_forward_pre_hook(
+            lambda m, a: captured["gate"].append(a[0].double())
+        ),
+        getattr(mlp, spec.down).register_forward_pre_hook(
+            lambda m, a: captured["down"].append(a[0].double())
+        ),
+    ]
+    windows = torch.randint(0, 300, (5, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for batch in windows.split(2):
+            model(input_ids=batch, use_cache=False)
+    for hook in hooks:
+        hook.remove()
+    grams = calibration.collect_grams(model, spec, windows, [index], batch_size=2, progress=False)
+    assert set(grams) == {index}
+    for key, attr in (("gate", "gate_up"), ("down", "down")):
+        x = torch.cat([t.reshape(-1, t.shape[-1]) for t in captured[key]])
+        torch.testing.assert_close(getattr(grams[index], attr), x.T @ x, rtol=1e-5, atol=1e-5)
+    assert grams[index].tokens == 5 * 16
+    # hooks are gone: a further forward pass changes nothing
+    before = grams[index].gate_up.clone()
+    assert model(input_ids=windows[:1]).logits.shape == (1, 16, 320)  # the stop hook is gone too
+    assert torch.equal(before, grams[index].gate_up)
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 4])
+def test_symmetric_gram_equals_the_full_product(blocks):
+    x = torch.randn(37, 22, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(calibration.symmetric_gram(x, blocks), x.T @ x)
+
+
+@pytest.mark.parametrize(
+    "weights, num_samples, expected",
+    [([1.0], 5, [5]), ([0.75, 0.25], 8, [6, 2]), ([0.5, 0.5], 3, [2, 1]), ([0.99, 0.01], 4, [3, 1])],
+)
+def test_window_shares_sum_up_and_give_every_text_one(weights, num_samples, expected):
+    assert calibration.window_shares(weights, num_samples) == expected
+
+
+def test_mixture_windows_take_each_share_from_its_text(tokenizer):
+    other = " ".join(["numbers one two three four five six seven eight nine ten"] * 40)
+    windows = calibration.mixture_windows(tokenizer, [(SAMPLE_TEXT, 0.75), (other, 0.25)], 8, 16, seed=0)
+    assert windows.shape == (8, 16)
+    torch.testing.assert_close(windows[:6], calibration.token_windows(tokenizer, SAMPLE_TEXT, 6, 16, seed=0))
+    torch.testing.assert_close(windows[6:], calibration.token_windows(tokenizer, other, 2, 16, seed=0))

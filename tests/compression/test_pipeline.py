@@ -1,0 +1,151 @@
+import pytest
+import torch
+
+from conftest import ARCH_CONFIGS, SAMPLE_TEXT, count_calls, tiny_model
+from svdmlp import arch
+from svdmlp.compression import decompose, pipeline
+from svdmlp.compression.calibration import collect_grams, mixture_windows, token_windows, tokens_hash
+from svdmlp.config import CalibrationSpec, CompressConfig
+from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
+
+CALIB = CalibrationSpec("unused: text passed directly", num_samples=4, seq_len=32)
+
+
+def _compress(model, tokenizer, **kwargs):
+    config = CompressConfig(**{"keep": 0.5, "align": 8, "calibration": CALIB, **kwargs})
+    return pipeline.compress(model, tokenizer, config, calibration_text=SAMPLE_TEXT, progress=False)
+
+
+def _mlps(model):
+    spec = arch.resolve(model.config.model_type)
+    return [getattr(layer, spec.mlp) for layer in arch.decoder_layers(model, spec)]
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCH_CONFIGS))
+def test_every_architecture_compresses_every_layer(model_type, tokenizer):
+    model = tiny_model(model_type)
+    ids = torch.randint(0, 300, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        dense_logits = model(ids).logits
+    report = _compress(model, tokenizer)
+    assert [layer.status for layer in report.layers] == ["compressed", "compressed"]
+    assert all(isinstance(mlp, LowRankGatedMLP) for mlp in _mlps(model))
+    for layer in report.layers:
+        assert [p.name for p in layer.projections] == ["gate", "up", "down"]
+        assert all(p.rank % 8 == 0 and 0 < p.error < 1 for p in layer.projections)
+    # keep 0.5 of 64x96: round(0.5·6144/(160·8)) = 2 blocks -> rank 16, achieved keep 16·160/6144
+    assert report.achieved_keep == pytest.approx(16 * 160 / 6144)
+    assert report.params_after["mlp"] == 2 * 3 * 16 * 160
+    assert report.params_before["total"] - report.params_after["total"] == 2 * 3 * (6144 - 16 * 160)
+    assert len(report.calibration["sha256"]) == 64 and report.calibration["tokens"] == 4 * 32
+    with torch.no_grad():
+        compressed_logits = model(ids).logits
+    assert torch.isfinite(compressed_logits).all()
+    assert not torch.allclose(compressed_logits, dense_logits)
+
+
+def test_whitened_errors_beat_plain_svd_on_the_same_activations(tokenizer):
+    dense = tiny_model("llama")
+    spec = arch.resolve("llama")
+    windows = token_windows(tokenizer, SAMPLE_TEXT, 4, 32, seed=0)
+    grams = collect_grams(dense, spec, windows, [0, 1], progress=False)
+    whitened = _compress(tiny_model("llama"), tokenizer)
+    for layer in whitened.layers:
+        for record in layer.projections:
+            mlp = _mlps(dense)[layer.index]
+            weight = getattr(mlp, spec.projection(record.name)).weight
+            gram = grams[layer.index].down if record.name == "down" else grams[layer.index].gate_up
+            plain = decompose.weighted_relative_error(weight, decompose.plain_svd(weight, record.rank), gram)
+            assert record.error <= plain + 1e-6
+
+
+def test_plain_svd_needs_no_calibration(tokenizer):
+    report = _compress(tiny_model("qwen2"), tokenizer, method="svd")
+    assert report.calibration == {} and report.error_metric == "weight-frobenius"
+
+
+def test_unselected_and_biased_layers_are_reported_as_skipped(tokenizer):
+    model = tiny_model("llama", mlp_bias=True)
+    report = _compress(model, tokenizer, layers=(1,))
+    assert report.layers[0].status == "skipped" and "not selected" in report.layers[0].reason
+    assert report.layers[1].status == "skipped" and "has a bias" in report.layers[1].reason
+    assert not any(isinstance(m, LowRankGatedMLP) for m in _mlps(model))
+
+
+def test_partial_targets_swap_single_projections(tokenizer):
+    model = tiny_model("mistral")
+    report = _compress(model, tokenizer, targets=("down",))
+    mlp = _mlps(model)[0]
+    assert isinstance(mlp.down_proj, LowRankLinear) and isinstance(mlp.gate_proj, torch.nn.Linear)
+    assert report.layers[0].ranks == {"down": 16}
+
+
+def _untouched(model) -> bool:
+    return all(
+        isinstance(m.gate_proj, torch.nn.Linear) and isinstance(m.down_proj, torch.nn.Linear)
+        for m in _mlps(model)
+    )
+
+
+def test_nan_weights_are_an_error_and_leave_the_model_untouched(tokenizer):
+    model = tiny_model("llama")
+    with torch.no_grad():
+        _mlps(model)[1].up_proj.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj has NaN or inf weights"):
+        _compress(model, tokenizer)
+    assert _untouched(model)
+
+
+def test_impossible_rank_fails_before_any_work(tokenizer):
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="no room for a rank"):
+        _compress(model, tokenizer, align=64)
+    assert _untouched(model)
+
+
+def test_layers_out_of_range(tokenizer):
+    with pytest.raises(ValueError, match=r"layers \[5\] do not exist: the model has 2 decoder layers"):
+        _compress(tiny_model("llama"), tokenizer, layers=(0, 5))
+
+
+def test_empty_calibration_text_is_an_error(tokenizer):
+    config = CompressConfig(keep=0.5, align=8, calibration=CALIB)
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="calibration text is empty"):
+        pipeline.compress(model, tokenizer, config, calibration_text="", progress=False)
+    assert _untouched(model)
+
+
+@pytest.mark.parametrize("method", ["whiten", "svd"])
+def test_budget_allocation_meets_the_budget_from_measured_divergences(tokenizer, method, monkeypatch):
+    uniform = _compress(tiny_model("qwen3"), tokenizer, method=method, keep=0.5)
+    params = uniform.params_after["mlp"]
+    keep = params / uniform.params_before["mlp"]  # the same parameter count as the uniform ranks
+    eigendecompositions = count_calls(monkeypatch, decompose.Whitening, "from_gram")
+    allocated = _compress(tiny_model("qwen3"), tokenizer, method=method, keep=keep, allocation="budget")
+    # Each Gram is decomposed once, for the probe, and its whitening reused by the compression.
+    assert len(eigendecompositions) == (2 * 2 if method == "whiten" else 0)
+    assert allocated.params_after["mlp"] <= params
+    assert params - allocated.params_after["mlp"] < 3 * 8 * 160  # within one layer block of align 8
+    info = allocated.allocation
+    assert info["method"] == "measured-sensitivity" and info["tokens"] == 2 * 32  # windows of calib seq_len
+    assert allocated.timings["allocation"] == info["seconds"] > 0
+    for layer, chosen in zip(allocated.layers, info["layers"], strict=True):
+        assert set(layer.ranks.values()) == {chosen["rank"]} and chosen["rank"] % 8 == 0  # one rank per layer
+        assert chosen["kl"] > 0 and chosen["reference_rank"] == uniform.layers[layer.index].ranks["gate"]
+    # The uniform ranks are one feasible choice, so the allocation is never predicted worse.
+    assert sum(c["predicted_kl"] for c in info["layers"]) <= sum(c["kl"] for c in info["layers"]) + 1e-12
+    assert uniform.allocation == {} and "allocation" not in uniform.timings
+
+
+def test_calibration_mixture_draws_each_text_by_weight(tokenizer, tmp_path):
+    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
+    first.write_text(SAMPLE_TEXT, encoding="utf-8")
+    second.write_text(" ".join(["numbers one two three four five six seven"] * 60), encoding="utf-8")
+    calibration = CalibrationSpec(f"{first}:3,{second}:1", num_samples=8, seq_len=16)
+    config = CompressConfig(keep=0.5, align=8, calibration=calibration)
+    report = pipeline.compress(tiny_model("llama"), tokenizer, config, progress=False)
+    expected = mixture_windows(
+        tokenizer, [(first.read_text(), 0.75), (second.read_text(), 0.25)], 8, 16, seed=0
+    )
+    assert report.calibration == {"tokens": 8 * 16, "sha256": tokens_hash(expected)}

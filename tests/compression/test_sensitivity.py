@@ -1,0 +1,83 @@
+"""Per-layer divergences (the exact KL of one factorised layer, weights always put back) and the
+ranks allocated from them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import VOCAB, tiny_model
+from svdmlp import arch
+from svdmlp.compression import decompose, sensitivity
+
+NAMES = ("gate", "up", "down")
+
+
+def _setup(model_type="llama"):
+    model = tiny_model(model_type)
+    spec = arch.of_model(model)
+    windows = torch.randint(0, VOCAB, (3, 17), generator=torch.Generator().manual_seed(1))
+    return model, spec, windows
+
+
+def _truncated(model, spec, rank):
+    def factorise(index):
+        return {
+            n: decompose.plain_svd(arch.dense_projection(model, spec, index, n).weight, rank) for n in NAMES
+        }
+
+    return factorise
+
+
+def _reference_kl(model, spec, windows, index, factors) -> float:
+    """The KL by hand, in float64: a copy of the model with the layer's weights replaced."""
+    probed = copy.deepcopy(model).double()
+    for name, pair in factors.items():
+        linear = arch.dense_projection(probed, spec, index, name)
+        linear.weight.data = pair.v.double() @ pair.u.double()
+    with torch.no_grad():
+        p = torch.log_softmax(model.double()(input_ids=windows).logits, -1)
+        q = torch.log_softmax(probed(input_ids=windows).logits, -1)
+    model.float()
+    return float((p.exp() * (p - q)).sum(-1).mean())
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_divergence_of_each_layer_matches_a_hand_computation(model_type):
+    model, spec, windows = _setup(model_type)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    factorise = _truncated(model, spec, 8)
+    probe = sensitivity.Probe(model, spec, windows)
+    for index in (0, 1):
+        measured = probe.divergence(index, factorise(index))
+        assert measured > 0
+        expected = _reference_kl(model, spec, windows, index, factorise(index))
+        assert measured == pytest.approx(expected, rel=1e-3, abs=1e-7)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name]), name  # every weight put back exactly
+    assert _computes_again(model, spec)
+
+
+def _computes_again(model, spec) -> bool:
+    """No decoder layer is left replaying recorded outputs: each runs its own forward again."""
+    return all("forward" not in vars(layer) for layer in arch.decoder_layers(model, spec))
+
+
+def test_exact_factors_cost_nothing():
+    model, spec, windows = _setup()
+    measured = sensitivity.Probe(model, spec, windows).divergence(1, _truncated(model, spec, 64)(1))
+    assert measured == pytest.approx(0.0, abs=1e-6)
+
+
+def test_weights_are_put_back_when_the_probe_fails():
+    model, spec, windows = _setup()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    good = _truncated(model, spec, 8)(0)
+    broken = {"gate": good["gate"], "up": good["down"], "down": good["down"]}  # up gets down's shape
+    with pytest.raises(RuntimeError):
+        sensitivity.Probe(model, spec, windows).divergence(1, broken)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+    assert _computes_again(model, spec)

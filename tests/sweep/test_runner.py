@@ -1,0 +1,120 @@
+"""``svdmlp sweep`` on a tiny model: every point saved, Grams collected once, a rerun skips all."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import SAMPLE_TEXT, count_calls, save_tiny_llama, tiny_sweep_argv
+from svdmlp.cli import main
+from svdmlp.compression import pipeline
+from svdmlp.evaluate import harness, tasks
+
+RECORDS = [
+    {"question": "the quick fox", "choices": ["jumps over", "sleeps"], "label": 0},
+    {"question": "the lazy dog", "choices": ["walks", "sings over the far hill"], "label": 1},
+]
+POINTS = ["dense", "whiten-keep0.8", "whiten-keep0.5", "svd-keep0.8", "svd-keep0.5"]
+
+
+@pytest.fixture
+def setup(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    return tiny_sweep_argv(model_dir, text, tmp_path / "out", "0.8,0.5", "whiten,svd"), tmp_path / "out"
+
+
+def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, capsys):
+    argv, out = setup
+    calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
+    assert main(argv) == 0
+    assert len(calibrations) == 1  # one Gram collection shared by both whitened keeps
+    assert sorted(p.stem for p in (out / "points").iterdir()) == sorted(POINTS)
+    records = {p: json.loads((out / "points" / f"{p}.json").read_text()) for p in POINTS}
+    assert records["dense"]["achieved_keep"] == 1.0
+    assert records["whiten-keep0.5"]["achieved_keep"] < records["whiten-keep0.8"]["achieved_keep"] < 1
+    assert records["whiten-keep0.8"]["calibration"] == records["whiten-keep0.5"]["calibration"]
+    assert records["svd-keep0.8"]["calibration"] == {}
+    report = (out / "report.md").read_text()
+    assert (
+        report.splitlines()[5].startswith("svdmlp sweep ") and "--keep 0.8,0.5 --method whiten,svd" in report
+    )
+    assert all(f"| {p} |" in report for p in POINTS)
+    assert (out / "ppl-text.png").stat().st_size > 0
+    first_report = report
+
+    compresses = count_calls(monkeypatch, pipeline, "compress")
+    assert main(argv) == 0
+    assert compresses == [] and len(calibrations) == 1
+    assert capsys.readouterr().out.count("finished earlier, skipped") == len(POINTS)
+    assert (out / "report.md").read_text() == first_report
+
+    # No point here heals by distillation, so other healing knobs (a new default, say) change none of
+    # them; and the dense point depends on no compression setting at all.
+    assert main(argv + ["--heal-lr", "0.5"]) == 0
+    assert compresses == []
+    assert main(argv + ["--calib-samples", "2", "--keep", "0.3", "--method", "svd"]) == 0
+    assert len(compresses) == 1  # svd-keep0.3 only: the dense point is reused under other calibration
+
+
+def test_resume_refuses_other_settings(setup, capsys):
+    argv, out = setup
+    assert main(argv[:4] + argv[6:] + ["--method", "svd"]) == 0  # dense and svd points only
+    capsys.readouterr()
+    changed = [a if a != "2" else "1" for a in argv]  # --max-windows 1
+    assert main(changed) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"svdmlp sweep: error: {out / 'points' / 'dense.json'} was made with other settings"
+    )
+
+
+def test_sweep_with_a_task_plots_accuracy_and_reports_failures(setup, tmp_path, monkeypatch, capsys):
+    argv, out = setup
+    local = harness._task_manager.__wrapped__  # lm-eval's own 15 s index is not needed here
+    monkeypatch.setattr(harness, "_task_manager", lambda factory, path, defaults: local(factory, path, False))
+    pytest.importorskip("lm_eval")
+    tasks.write_multiple_choice_task(tmp_path / "tasks", "tiny_mc", RECORDS)
+    argv = argv[:4] + argv[6:] + ["--method", "whiten", "--keep", "0.5"]
+    argv += ["--tasks", "tiny_mc,nope_mc", "--include-path", str(tmp_path / "tasks")]
+    assert main(argv) == 1
+    assert "task nope_mc failed on dense: unknown task 'nope_mc'" in capsys.readouterr().out
+    report = (out / "report.md").read_text()
+    assert (out / "acc-tiny-mc.png").is_file() and "## Failed tasks" in report
+    record = json.loads((out / "points" / "whiten-keep0.5.json").read_text())
+    assert set(record["tasks"]["tiny_mc"]["metrics"]) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}
+
+
+def test_recipes_compare_methods_at_equal_parameters(tmp_path, tokenizer, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    out = tmp_path / "out"
+    recipes = "whiten+sequential+closed-form,whiten+lora,whiten+sequential"
+    argv = tiny_sweep_argv(model_dir, text, out, "0.5", recipes) + ["--heal-steps", "2"]
+    calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
+    assert main(argv) == 0
+    assert len(calibrations) == 1  # only whiten+lora factorises from the dense Grams
+    records = {p.stem: json.loads(p.read_text()) for p in (out / "points").iterdir()}
+    names = [f"{r}-keep0.5" for r in recipes.split(",")]
+    assert sorted(records) == sorted(["dense", *names])
+    assert len({records[n]["params"]["mlp"] for n in names}) == 1  # equal parameters
+    assert records["whiten+lora-keep0.5"]["timings"]["healing"] > 0
+    assert records["whiten+sequential-keep0.5"]["calibration"]["sequential"] is True
+    report = (out / "report.md").read_text()
+    assert f"--method {recipes}" in report and "--heal-steps 2 --heal-lr 3e-05 --heal-seq-len 512" in report
+    assert main(argv[:-1] + ["3"]) == 2  # other healing steps: the whiten+lora point is another one
+    assert "was made with other compress" in capsys.readouterr().err
+
+
+def test_bad_recipe_is_refused_before_any_work(setup, capsys):
+    argv, out = setup
+    argv[argv.index("--method") + 1] = "whiten+closed-form"
+    assert main(argv) == 2
+    assert "heal 'closed-form' needs sequential calibration" in capsys.readouterr().err
+    assert not out.exists()

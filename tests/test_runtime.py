@@ -1,0 +1,33 @@
+"""Where and in what dtype commands run: one rule for every command."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from svdmlp import runtime
+
+
+@pytest.mark.parametrize("device", [None, "", "auto"])
+def test_default_is_cpu_and_float32_without_a_gpu(monkeypatch, device):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runtime.resolve(device) == (torch.device("cpu"), torch.float32)
+
+
+def test_default_is_cuda_and_bfloat16_with_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runtime.resolve() == (torch.device("cuda"), torch.bfloat16)
+    assert runtime.resolve("cpu") == (torch.device("cpu"), torch.float32)  # the dtype follows the device
+    assert runtime.resolve("cuda:1", "float16") == (torch.device("cuda:1"), torch.float16)
+
+
+def test_asked_dtype_wins():
+    assert runtime.resolve("cpu", "bfloat16") == (torch.device("cpu"), torch.bfloat16)
+
+
+def test_cuda_without_a_gpu_and_unknown_devices_are_errors(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="--device cuda:0 was asked for but no CUDA GPU is available"):
+        runtime.resolve("cuda:0")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        runtime.resolve("tpu")
