@@ -126,7 +126,7 @@ def _one_thread(request):
 
 @pytest.fixture(scope="session")
 def tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on SAMPLE_TEXT, small enough for VOCAB."""
+    """A byte-level BPE tokenizer trained on SAMPLE_TEXT, small enough for VOCAB, with a BOS token."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -134,7 +134,10 @@ def tokenizer() -> PreTrainedTokenizerFast:
         vocab_size=VOCAB - 8, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<eos>"]
     )
     backend.train_from_iterator([SAMPLE_TEXT], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    # A BOS token the tokenizer does not add itself: Gemma's convention puts it first (arch.bos_token_id).
+    tokenizer.add_special_tokens({"bos_token": "<bos>"})
+    return tokenizer
 
 
 @pytest.fixture

@@ -26,3 +26,22 @@ def test_mismatched_activation_is_refused():
     config = tiny_config("llama", hidden_act="gelu")
     with pytest.raises(ValueError, match="activation 'gelu' is not supported"):
         arch.for_config(config)
+
+
+def test_bos_follows_the_family_then_the_tokenizer(tokenizer):
+    bos = tokenizer.bos_token_id
+    assert [
+        arch.bos_token_id(arch.resolve(t), tokenizer) for t in ("gemma", "gemma2", "gemma3", "gemma3_text")
+    ] == [bos] * 4
+    assert arch.bos_token_id(arch.resolve("llama"), tokenizer) is None  # its tokenizer adds none
+
+    class Llama3Tokenizer:
+        add_bos_token, bos_token_id = True, 128000
+
+    assert arch.bos_token_id(arch.resolve("llama"), Llama3Tokenizer()) == 128000
+
+    class NoBos:
+        bos_token_id = None
+
+    with pytest.raises(ValueError, match="expects a BOS token first, but its tokenizer defines none"):
+        arch.bos_token_id(arch.resolve("gemma2"), NoBos())

@@ -12,9 +12,9 @@ import huggingface_hub.constants
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import GPT2Config
+from transformers import AutoTokenizer, GPT2Config
 
-from conftest import save_tiny_llama, tiny_config, tiny_model
+from conftest import SAMPLE_TEXT, save_tiny_llama, tiny_config, tiny_model
 from svdmlp import checkpoint, models
 from svdmlp.compression import pipeline
 from svdmlp.config import CompressConfig
@@ -239,13 +239,23 @@ def test_default_aliases_resolve_to_the_cache(alias, monkeypatch, tmp_path):
 def test_complete_cache_is_not_converted_again(cache, monkeypatch):
     target = cache.joinpath(*DEFAULT_CACHE)
     target.mkdir(parents=True)
-    (target / ".complete").touch()
+    (target / ".complete").write_text(models.CONVERSION_VERSION)
 
     def convert(model, path):
         raise AssertionError("converted again")
 
     monkeypatch.setattr(models, "_convert_packaged", convert)
     assert models.packaged_model_dir("smollm2-135m") == target
+
+
+def test_a_conversion_by_an_older_svdmlp_is_made_again(cache, monkeypatch):
+    """Conversions from before the tokenizer check (an empty marker) may hold a broken tokenizer."""
+    target = cache.joinpath(*DEFAULT_CACHE)
+    target.mkdir(parents=True)
+    (target / ".complete").touch()
+    conversions = []
+    monkeypatch.setattr(models, "_convert_packaged", lambda model, path: conversions.append(path))
+    assert models.packaged_model_dir("smollm2-135m") == target and conversions == [target]
 
 
 def test_incomplete_cache_is_converted(cache, monkeypatch):
@@ -331,7 +341,7 @@ def test_split_model_is_assembled_in_order_and_checked(cache, monkeypatch, tmp_p
     def convert(gguf, target):
         seen.append((gguf.name, gguf.read_bytes(), target))
         target.mkdir(parents=True)
-        (target / ".complete").touch()
+        (target / ".complete").write_text(models.CONVERSION_VERSION)
 
     monkeypatch.setattr(models, "_convert_gguf", convert)
     target = cache / "models" / "split-bf16"
@@ -370,7 +380,7 @@ def test_gguf_file_is_converted_once_per_version(cache, monkeypatch, tmp_path):
     def convert(path, target):
         conversions.append(path)
         target.mkdir(parents=True)
-        (target / ".complete").touch()
+        (target / ".complete").write_text(models.CONVERSION_VERSION)
 
     monkeypatch.setattr(models, "_convert_gguf", convert)
     first = models.resolve_model_path(str(gguf))
@@ -415,3 +425,53 @@ def test_default_model_is_converted_once_and_generates(cache, monkeypatch, capsy
         runs.append(output[0, encoded["input_ids"].shape[1] :].tolist())
     assert runs[0] == runs[1] and len(runs[0]) == 8
     assert "Paris" in tokenizer.decode(runs[0])
+
+
+def _unigram_gemma_tokenizer():
+    """A GemmaTokenizer over a Unigram model, as transformers builds one from a Gemma GGUF file: saved
+    as it is, it reloads as a BPE without merges that splits text into characters."""
+    from tokenizers import Tokenizer, normalizers, pre_tokenizers, trainers
+    from tokenizers import models as tokenizer_models
+    from transformers import GemmaTokenizer
+
+    backend = Tokenizer(tokenizer_models.Unigram())
+    backend.normalizer = normalizers.Replace(" ", "\u2581")
+    backend.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    backend.train_from_iterator(
+        [SAMPLE_TEXT], trainers.UnigramTrainer(vocab_size=200, special_tokens=specials, unk_token="<unk>")
+    )
+    return GemmaTokenizer(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+    )
+
+
+def test_a_tokenizer_that_reloads_otherwise_is_saved_as_the_generic_one(tmp_path):
+    source = _unigram_gemma_tokenizer()
+    plain = tmp_path / "plain"
+    source.save_pretrained(plain)
+    with pytest.raises(ValueError, match="splits text unlike the model's own .* refusing to cache it"):
+        models.check_tokenizer(plain, source)
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    models._save_tokenizer(source, fixed)
+    models.check_tokenizer(fixed, source)
+    reloaded = AutoTokenizer.from_pretrained(fixed)
+    assert reloaded.bos_token_id == source.bos_token_id and reloaded.eos_token == "<eos>"
+
+
+def test_a_tokenizer_that_reloads_the_same_is_saved_as_it_is(tmp_path, tokenizer):
+    models._save_tokenizer(tokenizer, tmp_path / "checked")
+    tokenizer.save_pretrained(tmp_path / "plain")
+    config = "tokenizer_config.json"
+    assert (tmp_path / "checked" / config).read_text() == (tmp_path / "plain" / config).read_text()
+
+
+def test_a_tokenizer_that_cannot_be_saved_faithfully_is_refused(tmp_path, tokenizer, monkeypatch):
+    class CharacterSplitter:
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in text]}
+
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", lambda path, **kwargs: CharacterSplitter())
+    with pytest.raises(ValueError, match="refusing to cache it"):
+        models._save_tokenizer(tokenizer, tmp_path)

@@ -25,6 +25,8 @@ class ArchSpec:
         mlp: attribute of a decoder layer holding the MLP.
         gate, up, down: attribute names of the three projections inside the MLP.
         activation: the gate nonlinearity, as named in :mod:`svdmlp.activations`.
+        bos: whether the family is trained always to see its BOS token first (Gemma: without it,
+            a model generates garbage and scores perplexities of thousands), whatever its tokenizer adds.
     """
 
     layers: str = "model.layers"
@@ -33,6 +35,7 @@ class ArchSpec:
     up: str = "up_proj"
     down: str = "down_proj"
     activation: str = "silu"
+    bos: bool = False
 
     def projection(self, name: str) -> str:
         """Attribute name of projection ``name`` ("gate", "up" or "down")."""
@@ -40,7 +43,7 @@ class ArchSpec:
 
 
 SWIGLU = ArchSpec(activation="silu")
-GEGLU = ArchSpec(activation="gelu_tanh")
+GEGLU = ArchSpec(activation="gelu_tanh", bos=True)
 
 ARCHITECTURES: dict[str, ArchSpec] = {
     "llama": SWIGLU,
@@ -50,7 +53,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "gemma": GEGLU,
     "gemma2": GEGLU,
     "gemma3_text": GEGLU,
-    "gemma3": ArchSpec(layers="model.language_model.layers", activation="gelu_tanh"),
+    "gemma3": ArchSpec(layers="model.language_model.layers", activation="gelu_tanh", bos=True),
 }
 
 # The activation each architecture's config must name; anything else would make our MLP compute
@@ -80,6 +83,17 @@ def for_config(config) -> ArchSpec:
             f"expected one of {_CONFIG_ACTIVATIONS[spec.activation]}"
         )
     return spec
+
+
+def bos_token_id(spec: ArchSpec, tokenizer) -> int | None:
+    """The token every sequence starts with by the model's own convention, or None for none: the
+    family's rule (``spec.bos``), else what its tokenizer's ``add_bos_token`` says (Llama-family
+    tokenizers differ: Llama 2 and 3 add one, SmolLM2's does not)."""
+    if not (spec.bos or getattr(tokenizer, "add_bos_token", False)):
+        return None
+    if tokenizer.bos_token_id is None:
+        raise ValueError("this model expects a BOS token first, but its tokenizer defines none")
+    return tokenizer.bos_token_id
 
 
 def of_model(model: nn.Module) -> ArchSpec:

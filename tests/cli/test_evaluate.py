@@ -22,6 +22,7 @@ RECORDS = [
 ]
 EVAL = ["--seq-len", "32", "--max-windows", "2"]
 TOP_KEYS = {
+    "bos",
     "calibration",
     "failed",
     "keep_definition",
@@ -74,7 +75,9 @@ def test_checkpoint_and_base_on_text_and_task(setup, capsys, tmp_path):
         "include_path": str(task_dir),
         "limit": None,
         "seed": 0,
+        "bos": "auto",
     }
+    assert summary["bos"] == {"token_id": None, "convention": None}  # a Llama whose tokenizer adds none
     assert set(summary["versions"]) == {"svdmlp", "torch", "transformers", "lm_eval"}
     assert set(summary["calibration"]) == {"tokens", "sha256"} and summary["calibration"]["tokens"] == 128
     dense, compressed = summary["rows"]
@@ -87,6 +90,7 @@ def test_checkpoint_and_base_on_text_and_task(setup, capsys, tmp_path):
             "achieved_keep",
             "perplexity",
             "tasks",
+            "bos",
         } | ({"compress_seconds"} if row is compressed else set())
         result = row["tasks"]["tiny_mc"]
         assert result["error"] == "" and result["samples"] == len(RECORDS)

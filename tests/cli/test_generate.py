@@ -109,3 +109,16 @@ def test_cuda_device_without_a_gpu(compressed, monkeypatch, capsys):
         ["generate", ckpt, "--prompt", "x", "--device", "cuda"],
         "--device cuda was asked for but no CUDA GPU is available",
     )
+
+
+def test_a_gemma_prompt_starts_with_its_bos_token(tmp_path, tokenizer, capsys):
+    from conftest import untied_model
+
+    directory = tmp_path / "tiny-gemma"
+    untied_model("gemma2").save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    code, out, _ = run_cli(
+        capsys, "generate", directory, "--prompt", "the quick fox", "--max-new-tokens", "3", "--json", "-"
+    )
+    assert code == 0
+    assert json.loads(out)["prompt_ids"] == [tokenizer.bos_token_id, *tokenizer("the quick fox")["input_ids"]]

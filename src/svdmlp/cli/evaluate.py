@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
             dense.update(mlp_params=report.params_before["mlp"], achieved_keep=1.0)
             dense.update(suite.score(base, tokenizer, texts, settings, "dense"))
             rows.insert(0, dense)
-    record = suite.provenance(settings, dtype, device)
+    record = suite.provenance(settings, dtype, device, rows[-1]["bos"])
     print(record["protocol"])
     print(eval_table(rows, [name for name, _ in texts], list(settings.tasks)))
     failed = suite.failures(rows)

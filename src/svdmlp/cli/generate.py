@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     """Continue one prompt, streaming tokens as they come (``--engine hf``: Hugging Face ``generate``)."""
     from svdmlp import checkpoint
     from svdmlp.engine import Engine, Sampling
+    from svdmlp.engine.prompt import encode
     from svdmlp.engine.stream import TextStream
 
     if args.max_new_tokens < 1:
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     device, dtype = options.runtime(args)
     model, tokenizer, _ = checkpoint.load_any(args.target, args.backend, dtype, device)
-    prompt = _prompt_ids(tokenizer, args)
+    prompt = encode(model, tokenizer, args.prompt, chat=args.chat)
     stream = TextStream(tokenizer, lambda text: print(text, end="", flush=True))
     if args.engine == "hf":
         new = _hf_generate(model, prompt, sampling, args.max_new_tokens, tokenizer.eos_token_id)
@@ -68,16 +69,6 @@ def run(args: argparse.Namespace) -> options.Outcome:
         "engine": args.engine,
     }
     return options.Outcome(0, record)
-
-
-def _prompt_ids(tokenizer, args) -> list[int]:
-    if not args.chat:
-        return tokenizer(args.prompt)["input_ids"]
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model's tokenizer has no chat template; drop --chat")
-    messages = [{"role": "user", "content": args.prompt}]
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
-    return list(encoded["input_ids"])
 
 
 def _stop_tokens(model, tokenizer) -> set[int]:

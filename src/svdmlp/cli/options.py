@@ -22,7 +22,7 @@ from svdmlp.config import CalibrationSpec, LoraSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
 MODEL_HELP = (
-    "built-in model (smollm2-135m, qwen2.5-coder-0.5b), .gguf file, model directory or hub id "
+    "built-in model (smollm2-135m, qwen2.5-coder-0.5b, gemma-3-270m), .gguf file, model directory or hub id "
     "(default: smollm2-135m)"
 )
 
@@ -143,6 +143,13 @@ def add_perplexity(parser: argparse.ArgumentParser, default_texts: str) -> None:
         "--max-windows", type=int, default=None, help="score only the first N windows of each text"
     )
     parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument(
+        "--bos",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="a BOS token before each window: auto follows the model's convention (Gemma: always; others: "
+        "as their tokenizer says), no is the literature's protocol on Llama models (default auto)",
+    )
 
 
 def add_tasks(parser: argparse.ArgumentParser) -> None:
@@ -177,6 +184,7 @@ def eval_settings(args: argparse.Namespace):
         include_path=args.include_path,
         limit=args.limit,
         seed=args.seed,
+        bos=args.bos,
     )
 
 

@@ -94,6 +94,8 @@ def command_line(args, sources: list[str]) -> str:
         words += ["--max-windows", str(args.max_windows)]
     if args.batch_size != 1:
         words += ["--batch-size", str(args.batch_size)]
+    if args.bos != "auto":
+        words += ["--bos", args.bos]
     words += ["--align", str(args.align), "--calib", args.calib]
     words += ["--calib-samples", str(args.calib_samples), "--calib-seq-len", str(args.calib_seq_len)]
     if any("lora" in recipe.split("+") for recipe in args.method):

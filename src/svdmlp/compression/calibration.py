@@ -83,9 +83,11 @@ def config_windows(
     num_samples: int | None = None,
     seq_len: int | None = None,
     seed: int | None = None,
+    bos: int | None = None,
 ) -> torch.Tensor:
     """Token windows ``(num_samples, seq_len)`` of the calibration text or mixture ``config`` names
-    (``calibration_text`` instead, when given).
+    (``calibration_text`` instead, when given), each after ``bos`` if given (then ``seq_len + 1``
+    tokens: the model sees its inputs as it will at run time, see :func:`svdmlp.arch.bos_token_id`).
 
     Defaults are the calibration's own count, length and seed; probes and healing draw their own.
     """
@@ -94,13 +96,16 @@ def config_windows(
         texts = [(calibration_text, 1.0)]
     else:
         texts = [(corpora.read_text(source), weight) for source, weight in spec.mixture]
-    return mixture_windows(
+    windows = mixture_windows(
         tokenizer,
         texts,
         spec.num_samples if num_samples is None else num_samples,
         spec.seq_len if seq_len is None else seq_len,
         config.seed if seed is None else seed,
     )
+    if bos is None:
+        return windows
+    return torch.cat([windows.new_full((windows.shape[0], 1), bos), windows], dim=1)
 
 
 def tokens_hash(tokens: torch.Tensor) -> str:

@@ -80,7 +80,7 @@ def collect_calibration(
 ) -> Calibration:
     """Collect the Grams :func:`compress` needs for ``config`` (any keep) from the dense ``model``."""
     spec = arch.of_model(model)
-    windows = config_windows(tokenizer, config, calibration_text)
+    windows = config_windows(tokenizer, config, calibration_text, bos=arch.bos_token_id(spec, tokenizer))
     return Calibration.collect(model, spec, windows, _layers_to_compress(model, spec, config)[2], progress)
 
 
@@ -115,8 +115,10 @@ def compress(
     before = count_parameters(model, mlp_names)
     planned = _rule_ranks(model, spec, config, to_compress)  # fails on an impossible rank, before any work
 
+    bos = arch.bos_token_id(spec, tokenizer)  # calibrate on what the model sees at run time
+
     def windows(count: int | None = None, seq_len: int | None = None, seed: int | None = None):
-        return config_windows(tokenizer, config, calibration_text, count, seq_len, seed)
+        return config_windows(tokenizer, config, calibration_text, count, seq_len, seed, bos)
 
     grams, calibration_info = {}, {}
     calibrated = time.perf_counter()

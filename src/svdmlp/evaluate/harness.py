@@ -50,6 +50,7 @@ def run_tasks(
     limit: int | None = None,
     batch_size: int = 1,
     seed: int = 0,
+    add_bos_token: bool = False,
 ) -> list[TaskResult]:
     """Score ``model`` on each lm-eval task in ``names`` (zero-shot), in order; never raises per task.
 
@@ -58,6 +59,7 @@ def run_tasks(
             :mod:`svdmlp.evaluate.tasks`), searched besides lm-eval's own registry.
         limit: score only the first ``limit`` documents of each task (quick runs).
         seed: every seed lm-eval takes (sampling of documents, few-shot examples).
+        add_bos_token: start every request with the tokenizer's BOS token (the model's convention).
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
@@ -75,7 +77,13 @@ def run_tasks(
     if manager is None or not set(names) <= set(manager.all_tasks):
         manager = _task_manager(TaskManager, include_path, defaults=True)
     device = next(model.parameters()).device
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(device))
+    lm = HFLM(
+        pretrained=model,
+        tokenizer=tokenizer,
+        batch_size=batch_size,
+        device=str(device),
+        add_bos_token=add_bos_token,
+    )
     results = []
     for name in names:
         if name not in manager.all_tasks:

@@ -1,11 +1,13 @@
 """Token-level perplexity under one pinned protocol (the GPTQ / SVD-LLM one).
 
 Protocol:
-1. The whole text is tokenized once, without special tokens: no BOS is inserted anywhere.
+1. The whole text is tokenized once, without special tokens.
 2. The token stream is cut into non-overlapping windows of ``seq_len`` tokens from the start; the
    incomplete tail is dropped. ``max_windows`` keeps only the first windows (for quick runs).
-3. Each window is scored independently (no context carried over). Every token but the first of a
-   window is predicted, so a window contributes ``seq_len − 1`` predictions.
+3. Each window is scored independently (no context carried over). Without a BOS token, every token
+   but the first of a window is predicted (``seq_len − 1`` predictions per window: the literature's
+   protocol). With one (the model's convention, e.g. Gemma's ``<bos>``), it is put before each window
+   and every token of the window is predicted (``seq_len`` predictions).
 4. Perplexity = exp(total negative log-likelihood / number of predicted tokens), in float32 logits.
 """
 
@@ -53,12 +55,15 @@ def perplexity(
     batch_size: int = 1,
     progress: bool = True,
     desc: str = "perplexity",
+    bos: int | None = None,
 ) -> PerplexityResult:
-    """Score token windows (from :func:`text_windows`) with ``model``."""
+    """Score token windows (from :func:`text_windows`) with ``model``, each after ``bos`` if given."""
     device = next(model.parameters()).device
     total_nll, predicted = 0.0, 0
     for batch in tqdm(windows.split(batch_size), desc=desc, unit="batch", disable=not progress):
         batch = batch.to(device)
+        if bos is not None:
+            batch = torch.cat([batch.new_full((batch.shape[0], 1), bos), batch], dim=1)
         logits = model(input_ids=batch, use_cache=False).logits[:, :-1].float()  # (B, L-1, V)
         targets = batch[:, 1:]
         total_nll += F.cross_entropy(

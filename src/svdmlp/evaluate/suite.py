@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from svdmlp import arch
 from svdmlp.evaluate import harness, perplexity
 from svdmlp.versions import installed_versions
 
@@ -18,6 +19,9 @@ KEEP_DEFINITION = (
     "keep = fraction of MLP parameters kept, r*(in+out)/(in*out) per matrix; "
     "the NeuronMLP paper's compression ratio is 1 - keep"
 )
+# --bos: the model's own convention (auto), or a BOS token before every window whatever it is (yes),
+# or never (no: the literature's protocol for WikiText-2 comparisons on Llama models).
+BOS_MODES = ("auto", "yes", "no")
 # Names ``--tasks`` expands: the paper's six zero-shot tasks, and those plus BoolQ and MathQA.
 TASK_GROUPS = {"paper": harness.PAPER_TASKS, "paper+": harness.PAPER_TASKS + harness.EXTRA_TASKS}
 
@@ -39,8 +43,11 @@ class EvalSettings:
     include_path: str | None = None
     limit: int | None = None
     seed: int = 0
+    bos: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.bos not in BOS_MODES:
+            raise ValueError(f"bos must be one of {BOS_MODES}, got {self.bos!r}")
         if self.seq_len < 2:
             raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
         if self.max_windows is not None and self.max_windows < 1:
@@ -51,11 +58,30 @@ class EvalSettings:
             raise ValueError(f"limit must be >= 1, got {self.limit}")
         object.__setattr__(self, "tasks", expand_tasks(self.tasks))
 
-    def protocol(self, dtype: torch.dtype, device: str) -> str:
+    def bos_tokens(self, model, tokenizer) -> tuple[int | None, int | None]:
+        """(the BOS id put before every window or None, the one the model's convention asks for or None)."""
+        convention = arch.bos_token_id(arch.of_model(model), tokenizer)
+        if self.bos == "auto":
+            return convention, convention
+        if self.bos == "no":
+            return None, convention
+        if tokenizer.bos_token_id is None:
+            raise ValueError("--bos yes: this model's tokenizer defines no BOS token")
+        return tokenizer.bos_token_id, convention
+
+    def protocol(self, dtype: torch.dtype, device: str, bos: int | None, convention: int | None) -> str:
         """The perplexity protocol in one line, printed above every result."""
         first = f" (first {self.max_windows})" if self.max_windows else ""
+        if bos is None:
+            special = (
+                "no BOS"
+                if convention is None
+                else f"no BOS (against the model's convention: BOS {convention})"
+            )
+        else:
+            special = f"BOS {bos} first" + (" (the model's convention)" if bos == convention else " (asked)")
         return (
-            f"token-level perplexity: non-overlapping {self.seq_len}-token windows{first}, no BOS, "
+            f"token-level perplexity: non-overlapping {self.seq_len}-token windows{first}, {special}, "
             f"{str(dtype).removeprefix('torch.')} on {device}"
         )
 
@@ -66,11 +92,13 @@ class EvalSettings:
 
 
 def score(model, tokenizer, texts: list[tuple[str, str]], settings: EvalSettings, label: str) -> dict:
-    """``{"perplexity": {text: ppl}, "tasks": {task: TaskResult dict}}`` for one model."""
+    """``{"perplexity": {text: ppl}, "tasks": {task: TaskResult dict}, "bos": {...}}`` for one model;
+    ``bos`` records the BOS id each sequence started with and the model's convention (None: none)."""
+    bos, convention = settings.bos_tokens(model, tokenizer)
     ppl = {}
     for name, text in texts:
         windows = perplexity.text_windows(tokenizer, text, settings.seq_len, settings.max_windows)
-        result = perplexity.perplexity(model, windows, settings.batch_size, desc=f"{label}: {name}")
+        result = perplexity.perplexity(model, windows, settings.batch_size, desc=f"{label}: {name}", bos=bos)
         ppl[name] = result.perplexity
     tasks = {}
     if settings.tasks:
@@ -82,9 +110,10 @@ def score(model, tokenizer, texts: list[tuple[str, str]], settings: EvalSettings
             settings.limit,
             settings.batch_size,
             settings.seed,
+            add_bos_token=bos is not None,
         )
         tasks = {r.name: r.to_dict() for r in results}
-    return {"perplexity": ppl, "tasks": tasks}
+    return {"perplexity": ppl, "tasks": tasks, "bos": {"token_id": bos, "convention": convention}}
 
 
 def failures(rows: list[dict]) -> list[str]:
@@ -97,11 +126,13 @@ def failures(rows: list[dict]) -> list[str]:
     ]
 
 
-def provenance(settings: EvalSettings, dtype: torch.dtype, device: str) -> dict:
-    """What a JSON result records besides its numbers, so that it can be reproduced and compared."""
+def provenance(settings: EvalSettings, dtype: torch.dtype, device: str, bos: dict) -> dict:
+    """What a JSON result records besides its numbers, so that it can be reproduced and compared
+    (``bos``: what :func:`score` recorded of the BOS token)."""
     versions = installed_versions(("svdmlp", "torch", "transformers", "lm_eval"))
     return {
-        "protocol": settings.protocol(dtype, device),
+        "protocol": settings.protocol(dtype, device, bos["token_id"], bos["convention"]),
+        "bos": bos,
         "settings": settings.to_dict(),
         "seed": settings.seed,
         "keep_definition": KEEP_DEFINITION,

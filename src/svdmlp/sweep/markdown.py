@@ -159,7 +159,7 @@ def write_report(out: Path, records: list[dict], command: str, bench: speed.Benc
         f"- {suite.KEEP_DEFINITION}.",
         "- target keep is what was asked; achieved keep is the MLP's kept fraction after rank alignment "
         f"(align {sweep['compress']['align']}).",
-        f"- Perplexity: {suite.EvalSettings(**sweep['settings']).protocol(sweep['dtype'], 'the CPU')}.",
+        f"- Perplexity: {_protocol(sweep, records)}.",
         f"- Calibration (whiten): {_calibration(sweep['compress'])}" + _calibration_hash(records) + ".",
         "- compress s: wall seconds of compression when the point ran; a resumed sweep's points may come from "
         "runs on differently loaded machines, and within one run the keeps after the first reuse its whitenings.",
@@ -184,6 +184,15 @@ def write_report(out: Path, records: list[dict], command: str, bench: speed.Benc
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _protocol(sweep: dict, records: list[dict]) -> str:
+    """The protocol line of the sweep's settings and of the BOS its dense point was scored with
+    (records from before the BOS was recorded had none)."""
+    dense = next((r for r in records if r["method"] == "dense"), records[0])
+    bos = dense.get("bos", {"token_id": None, "convention": None})
+    settings = suite.EvalSettings(**sweep["settings"])
+    return settings.protocol(sweep["dtype"], "the CPU", bos["token_id"], bos["convention"])
 
 
 def _calibration(compress: dict) -> str:

@@ -113,7 +113,10 @@ def run_sweep(
 def _relevant(identity: dict, point: Point) -> dict:
     """The settings a point's numbers depend on: no compression setting for the dense model, and the
     healing knobs only for a recipe that distils. A finished point is reused whenever these match, so
-    a dense point serves any sweep of the same texts, and a new healing default leaves the others."""
+    a dense point serves any sweep of the same texts, and a new healing default leaves the others.
+    Evaluation settings added since a point was written count at their defaults (``bos``: the
+    model's convention, which is what those points were scored with for every model they ran on)."""
+    identity = {**identity, "settings": {**suite.EvalSettings().to_dict(), **identity["settings"]}}
     if point.method == "dense":
         return {k: v for k, v in identity.items() if k != "compress"}
     if CompressConfig().with_recipe(point.method).heals_lora:
