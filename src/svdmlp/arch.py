@@ -85,6 +85,12 @@ def for_config(config) -> ArchSpec:
     return spec
 
 
+# How sequences may start, as a user picks it: the model's own convention (auto, :func:`bos_token_id`),
+# the BOS token whatever the model (yes), or never (no: the literature's perplexity protocol for
+# WikiText-2 comparisons on Llama models).
+BOS_MODES = ("auto", "yes", "no")
+
+
 def bos_token_id(spec: ArchSpec, tokenizer) -> int | None:
     """The token every sequence starts with by the model's own convention, or None for none: the
     family's rule (``spec.bos``), else what its tokenizer's ``add_bos_token`` says (Llama-family

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from svdmlp.arch import BOS_MODES
 from svdmlp.backends import BACKENDS
 from svdmlp.config import CalibrationSpec, LoraSpec
 
@@ -145,7 +146,7 @@ def add_perplexity(parser: argparse.ArgumentParser, default_texts: str) -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument(
         "--bos",
-        choices=("auto", "yes", "no"),
+        choices=BOS_MODES,
         default="auto",
         help="a BOS token before each window: auto follows the model's convention (Gemma: always; others: "
         "as their tokenizer says), no is the literature's protocol on Llama models (default auto)",

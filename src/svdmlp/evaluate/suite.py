@@ -19,9 +19,6 @@ KEEP_DEFINITION = (
     "keep = fraction of MLP parameters kept, r*(in+out)/(in*out) per matrix; "
     "the NeuronMLP paper's compression ratio is 1 - keep"
 )
-# --bos: the model's own convention (auto), or a BOS token before every window whatever it is (yes),
-# or never (no: the literature's protocol for WikiText-2 comparisons on Llama models).
-BOS_MODES = ("auto", "yes", "no")
 # Names ``--tasks`` expands: the paper's six zero-shot tasks, and those plus BoolQ and MathQA.
 TASK_GROUPS = {"paper": harness.PAPER_TASKS, "paper+": harness.PAPER_TASKS + harness.EXTRA_TASKS}
 
@@ -46,8 +43,8 @@ class EvalSettings:
     bos: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.bos not in BOS_MODES:
-            raise ValueError(f"bos must be one of {BOS_MODES}, got {self.bos!r}")
+        if self.bos not in arch.BOS_MODES:
+            raise ValueError(f"bos must be one of {arch.BOS_MODES}, got {self.bos!r}")
         if self.seq_len < 2:
             raise ValueError(f"seq_len must be >= 2, got {self.seq_len}")
         if self.max_windows is not None and self.max_windows < 1:
