@@ -36,3 +36,13 @@ def test_errors_say_what_is_wrong(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ValueError, match="cannot read it as JSON"):
         resolve_shapes(str(tmp_path))
+
+
+def test_every_built_in_model_has_its_shape():
+    """``svdmlp plan NAME`` knows each model ``svdmlp compress NAME`` takes."""
+    from svdmlp import models
+
+    for name in models.PACKAGED:
+        assert resolve_shapes(name), name
+    (gemma,) = resolve_shapes("gemma-3-270m")
+    assert (gemma.hidden, gemma.intermediate, gemma.layers) == (640, 2048, 18)

@@ -50,7 +50,10 @@ SMALL_MODELS: tuple[MLPShape, ...] = (
     MLPShape("qwen2.5-0.5b", 896, 4864, 24, "qwen2"),
 )
 
-BUILTIN: dict[str, MLPShape] = {shape.name: shape for shape in PAPER_MODELS + SMALL_MODELS}
+# The built-in models of svdmlp.models not timed by default (their config.json values).
+OTHER_MODELS: tuple[MLPShape, ...] = (MLPShape("gemma-3-270m", 640, 2048, 18, "gemma3_text"),)
+
+BUILTIN: dict[str, MLPShape] = {shape.name: shape for shape in PAPER_MODELS + SMALL_MODELS + OTHER_MODELS}
 # The built-in models of svdmlp.models share these shapes (Qwen2.5-Coder-0.5B is Qwen2.5-0.5B's).
 ALIASES = {
     "default": "smollm2-135m",
