@@ -102,6 +102,16 @@ def bos_token_id(spec: ArchSpec, tokenizer) -> int | None:
     return tokenizer.bos_token_id
 
 
+def with_bos(windows, bos: int | None):
+    """Token windows ``(n, L)`` with ``bos`` put first, ``(n, L + 1)``; ``windows`` itself for None."""
+    if bos is None:
+        return windows
+    started = windows.new_empty((windows.shape[0], windows.shape[1] + 1))
+    started[:, 0] = bos
+    started[:, 1:] = windows
+    return started
+
+
 def of_model(model: nn.Module) -> ArchSpec:
     """The spec of a loaded model (ValueError for anything unsupported, see :func:`for_config`)."""
     return for_config(model.config)

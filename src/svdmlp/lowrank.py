@@ -89,6 +89,13 @@ class LowRankGatedMLP(nn.Module):
         return f"hidden={self.hidden}, inter={self.inter}, ranks=({ranks}), act={self.activation}, backend={self.backend}"
 
 
+def factor_names() -> frozenset[str]:
+    """The names of the low-rank modules' parameters: in a weights file, the mark of an svdmlp checkpoint."""
+    ranks = dict.fromkeys(arch.PROJECTIONS, 1)
+    modules = (LowRankLinear(1, 1, 1, device="meta"), LowRankGatedMLP(1, 1, ranks, "silu", device="meta"))
+    return frozenset(name for module in modules for name, _ in module.named_parameters())
+
+
 def lowrank_modules(model: nn.Module) -> list[LowRankLinear | LowRankGatedMLP]:
     """Every low-rank module of ``model``, in module order."""
     return [m for m in model.modules() if isinstance(m, (LowRankLinear, LowRankGatedMLP))]

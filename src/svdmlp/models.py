@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from svdmlp import arch
+from svdmlp import arch, lowrank
 from svdmlp.paths import cache_dir, file_sha256
 
 _COMPLETE_MARKER = ".complete"
@@ -302,9 +302,6 @@ def load_dense(name: str | None, dtype: torch.dtype = torch.float32, device: str
     return model.to(device).eval(), tokenizer, location
 
 
-# The parameters of svdmlp's low-rank modules (svdmlp.lowrank): in a model directory, the mark of a
-# compressed checkpoint.
-_LOWRANK_TENSORS = frozenset({"gate_up_u_t", "gate_v_t", "up_v_t", "down_u_t", "down_v_t", "u_t", "v_t"})
 _SHOWN_KEYS = 3
 
 
@@ -334,7 +331,8 @@ def _shape(shape) -> str:
 
 
 def _mismatch_advice(location: str, unexpected) -> str:
-    if not any(key.rpartition(".")[2] in _LOWRANK_TENSORS for key in unexpected):
+    factors = lowrank.factor_names()
+    if not any(key.rpartition(".")[2] in factors for key in unexpected):
         return "the weights file is incomplete or belongs to another model"
     if (Path(location) / "svdmlp.json").is_file():
         return (

@@ -103,9 +103,7 @@ def config_windows(
         spec.seq_len if seq_len is None else seq_len,
         config.seed if seed is None else seed,
     )
-    if bos is None:
-        return windows
-    return torch.cat([windows.new_full((windows.shape[0], 1), bos), windows], dim=1)
+    return arch.with_bos(windows, bos)
 
 
 def tokens_hash(tokens: torch.Tensor) -> str:

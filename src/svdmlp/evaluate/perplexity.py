@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from svdmlp import arch
+
 
 @dataclass(frozen=True)
 class PerplexityResult:
@@ -61,9 +63,7 @@ def perplexity(
     device = next(model.parameters()).device
     total_nll, predicted = 0.0, 0
     for batch in tqdm(windows.split(batch_size), desc=desc, unit="batch", disable=not progress):
-        batch = batch.to(device)
-        if bos is not None:
-            batch = torch.cat([batch.new_full((batch.shape[0], 1), bos), batch], dim=1)
+        batch = arch.with_bos(batch.to(device), bos)
         logits = model(input_ids=batch, use_cache=False).logits[:, :-1].float()  # (B, L-1, V)
         targets = batch[:, 1:]
         total_nll += F.cross_entropy(
