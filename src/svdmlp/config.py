@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 
+from svdmlp import corpora
 from svdmlp.arch import PROJECTIONS
 from svdmlp.compression.ranks import check_keep
 
@@ -18,7 +19,8 @@ def parse_mixture(source: str) -> tuple[tuple[str, float], ...]:
     """``"a.txt:3,shakespeare:1"`` -> ``(("a.txt", 0.75), ("shakespeare", 0.25))``: weights normalised.
 
     A part without ``:WEIGHT`` weighs 1. Only a numeric suffix is a weight, so a path that contains
-    a colon elsewhere still works.
+    a colon elsewhere still works. ``general`` stands for every built-in domain's calibration source
+    at equal weights (its weight shared among them).
     """
     parts = [part.strip() for part in source.split(",")]
     if not source.strip() or not all(parts):
@@ -33,10 +35,17 @@ def parse_mixture(source: str) -> tuple[tuple[str, float], ...]:
         name = name or part
         if not weight > 0 or weight == float("inf"):
             raise ValueError(f"calibration weight of {name!r} must be a positive number, got {suffix!r}")
-        named.append((name, weight))
+        if name == corpora.GENERAL:
+            named += [
+                (domain, weight / len(corpora.CALIBRATION_SOURCES)) for domain in corpora.CALIBRATION_SOURCES
+            ]
+        else:
+            named.append((name, weight))
     names = [name for name, _ in named]
     if len(set(names)) != len(names):
-        raise ValueError(f"calibration source lists a text twice: {source!r}")
+        raise ValueError(
+            f"calibration source lists a text twice (general holds {corpora.CALIBRATION_SOURCES}): {source!r}"
+        )
     total = sum(weight for _, weight in named)
     return tuple((name, weight / total) for name, weight in named)
 
@@ -45,12 +54,14 @@ def parse_mixture(source: str) -> tuple[tuple[str, float], ...]:
 class CalibrationSpec:
     """Which text, and how many token windows of which length, feed the activation statistics.
 
-    ``source`` is ``"shakespeare"`` (the built-in public-domain plays, disjoint from the held-out
-    evaluation plays), ``"gsm8k"``, a path to a UTF-8 text file, or a weighted mixture of those,
-    ``"NAME[:WEIGHT],NAME[:WEIGHT]"``: each text gets its weight's share of the windows.
+    ``source`` is a built-in calibration source (see :mod:`svdmlp.corpora`: ``shakespeare``,
+    ``gsm8k``, ``python``, ``prose``, ``chat``; each disjoint from its ``-heldout`` evaluation part),
+    ``general`` (all five, equal weights: the default), ``self`` (the dense model's own samples), a
+    path to a UTF-8 text file, or a weighted mixture of those, ``"NAME[:WEIGHT],NAME[:WEIGHT]"``: each
+    text gets its weight's share of the windows.
     """
 
-    source: str = "shakespeare"
+    source: str = corpora.GENERAL
     num_samples: int = 32
     seq_len: int = 512
 

@@ -28,6 +28,7 @@ TOP_KEYS = {
     "keep_definition",
     "perplexity",
     "protocol",
+    "ratio_to_dense",
     "rows",
     "seed",
     "settings",
@@ -64,6 +65,13 @@ def test_checkpoint_and_base_on_text_and_task(setup, capsys, tmp_path):
     assert out.strip().splitlines()[-1] == f"wrote {output}"
     summary = json.loads(output.read_text())
     assert set(summary) == TOP_KEYS
+    dense, compressed = (row["perplexity"][str(text)] for row in summary["rows"])
+    assert summary["ratio_to_dense"] == {
+        "ratios": {str(text): compressed / dense},
+        "geomean": pytest.approx(compressed / dense),
+    }
+    assert summary["calibration"]["sources"] == [[str(text), 1.0]]
+    assert f"calibrated on 128 tokens of: {text} 1.00 (token SHA-256 " in out
     code, printed, _ = run_cli(capsys, *argv, "--json", "-")  # the same record on standard output
     assert code == 0 and json.loads(printed) == summary
     assert summary["failed"] == [] and summary["seed"] == 0
@@ -79,7 +87,10 @@ def test_checkpoint_and_base_on_text_and_task(setup, capsys, tmp_path):
     }
     assert summary["bos"] == {"token_id": None, "convention": None}  # a Llama whose tokenizer adds none
     assert set(summary["versions"]) == {"svdmlp", "torch", "transformers", "lm_eval"}
-    assert set(summary["calibration"]) == {"tokens", "sha256"} and summary["calibration"]["tokens"] == 128
+    assert (
+        set(summary["calibration"]) == {"tokens", "sha256", "sources"}
+        and summary["calibration"]["tokens"] == 128
+    )
     dense, compressed = summary["rows"]
     for row in (dense, compressed):
         assert set(row) == {

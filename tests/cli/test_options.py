@@ -24,16 +24,31 @@ def _args(**flags) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
+def _texts(args, default=()):
+    return options.eval_texts(args, options.eval_sources(args, default), tokenizer=None)
+
+
 def test_eval_texts_rules(tmp_path, wikitext):
     text = tmp_path / "t.txt"
     text.write_text("some words", encoding="utf-8")
-    assert options.eval_texts(_args(), (str(text),)) == [(str(text), "some words")]
-    assert options.eval_texts(_args(text=[str(text)]), ("unused",)) == [(str(text), "some words")]
-    named = options.eval_texts(_args(dataset=["wikitext2"], data_files=[f"wikitext2={wikitext}"]), ("x",))
+    assert _texts(_args(), (str(text),)) == [(str(text), "some words")]
+    assert _texts(_args(text=[str(text)]), ("unused",)) == [(str(text), "some words")]
+    named = _texts(_args(dataset=["wikitext2"], data_files=[f"wikitext2={wikitext}"]), ("x",))
     assert [name for name, _ in named] == ["wikitext2"]  # a --dataset replaces the default texts
     assert named[0][1].startswith(" the quick fox jumps over the green hill number 0. \n\n")
     with pytest.raises(ValueError, match=r"\['wikitext2'\] named more than once"):
-        options.eval_texts(_args(dataset=["wikitext2", "wikitext2"], data_files=[f"wikitext2={wikitext}"]))
+        options.eval_sources(_args(dataset=["wikitext2", "wikitext2"], data_files=[f"wikitext2={wikitext}"]))
+
+
+def test_eval_sources_are_checked_before_anything_is_read(tmp_path):
+    with pytest.raises(FileNotFoundError, match="gone.txt does not exist"):
+        options.eval_sources(_args(text=[str(tmp_path / "gone.txt")]))
+    with pytest.raises(ValueError, match="unknown perplexity set 'lambada'"):
+        options.eval_sources(_args(dataset=["lambada"]))
+    assert options.eval_sources(_args(), ("chat-heldout", "python-heldout")) == [
+        "chat-heldout",
+        "python-heldout",
+    ]
 
 
 def test_write_json_to_a_file_replaces_it_whole(tmp_path):

@@ -1,9 +1,12 @@
+from pathlib import Path
+
 import pytest
 import torch
 
 from conftest import SAMPLE_TEXT, tiny_model
-from svdmlp import arch
+from svdmlp import arch, corpora
 from svdmlp.compression import calibration
+from svdmlp.config import CalibrationSpec, CompressConfig
 
 
 def test_windows_are_seeded_disjoint_and_shaped(tokenizer):
@@ -88,3 +91,49 @@ def test_mixture_windows_take_each_share_from_its_text(tokenizer):
     assert windows.shape == (8, 16)
     torch.testing.assert_close(windows[:6], calibration.token_windows(tokenizer, SAMPLE_TEXT, 6, 16, seed=0))
     torch.testing.assert_close(windows[6:], calibration.token_windows(tokenizer, other, 2, 16, seed=0))
+
+
+def _ngrams(ids: list[int], n: int) -> set[int]:
+    return {hash(tuple(ids[i : i + n])) for i in range(len(ids) - n + 1)}
+
+
+def test_calibration_windows_never_come_from_the_evaluation_texts(tokenizer):
+    """The built-in split: windows of every local calibration source share no 48-token span with the
+    held-out texts that evaluation scores (the other domains' splits are tested in tests/corpora)."""
+    config = CompressConfig(calibration=CalibrationSpec("python:1,prose:1", 24, 64))
+    windows = calibration.config_windows(tokenizer, config, None)
+    heldout = []
+    for source in ("python-heldout", "prose-heldout"):
+        heldout += tokenizer(corpora.read_text(source), add_special_tokens=False)["input_ids"]
+    seen = _ngrams(heldout, 48)
+    assert windows.shape == (24, 64)
+    assert all(not (_ngrams(row, 48) & seen) for row in windows.tolist())
+
+
+def test_healing_trains_and_validates_on_disjoint_windows_of_every_source(tokenizer, tmp_path):
+    texts = {
+        "a.txt": " ".join(f"apple {i * 7919 % 100003}" for i in range(1500)),  # no span repeats
+        "b.txt": " ".join(f"berry {i * 104729 % 100019}" for i in range(1500)),
+    }
+    paths = []
+    for name, text in texts.items():
+        paths.append(tmp_path / name)
+        paths[-1].write_text(text)
+    config = CompressConfig(calibration=CalibrationSpec(f"{paths[0]}:3,{paths[1]}:1", 4, 16))
+    training, validation = calibration.training_and_validation(
+        tokenizer, config, None, 8, 16, seed=5, bos=7, per_source=2
+    )
+    assert training.shape == (8, 17) and (training[:, 0] == 7).all()
+    assert list(validation) == [str(p) for p in paths] and all(
+        v.shape == (2, 17) for v in validation.values()
+    )
+    for path, windows in validation.items():
+        ids = tokenizer(Path(path).read_text(), add_special_tokens=False)["input_ids"]
+        spans = {tuple(ids[i : i + 16]): i for i in range(len(ids) - 15)}
+        starts = {spans[tuple(row[1:])] for row in windows.tolist()}
+        taken = [spans[tuple(row[1:])] for row in training.tolist() if tuple(row[1:]) in spans]
+        assert all(abs(a - b) >= 16 for a in starts for b in taken)  # no validation token was trained on
+    from_b = sum(int("berry" in tokenizer.decode(row[1:])) for row in training.tolist())
+    assert from_b == 2  # the sources' shares (6 and 2 of 8)
+    again = calibration.training_and_validation(tokenizer, config, None, 8, 16, seed=5, bos=7, per_source=2)
+    assert torch.equal(again[0], training)

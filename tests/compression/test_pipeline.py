@@ -5,7 +5,7 @@ from conftest import ARCH_CONFIGS, SAMPLE_TEXT, count_calls, tiny_model
 from svdmlp import arch
 from svdmlp.compression import decompose, pipeline
 from svdmlp.compression.calibration import collect_grams, mixture_windows, token_windows, tokens_hash
-from svdmlp.config import CalibrationSpec, CompressConfig
+from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
 
 CALIB = CalibrationSpec("unused: text passed directly", num_samples=4, seq_len=32)
@@ -150,4 +150,32 @@ def test_calibration_mixture_draws_each_text_by_weight(tokenizer, tmp_path):
     expected = mixture_windows(
         tokenizer, [(first.read_text(), 0.75), (second.read_text(), 0.25)], 8, 16, seed=0
     )
-    assert report.calibration == {"tokens": 8 * 16, "sha256": tokens_hash(expected)}
+    assert report.calibration == {
+        "tokens": 8 * 16,
+        "sha256": tokens_hash(expected),
+        "sources": [[str(first), 0.75], [str(second), 0.25]],
+    }
+
+
+def test_allocation_and_healing_work_with_any_mixture(tokenizer, tmp_path):
+    """A three-text mixture used to be refused after calibration ("2 windows cannot cover 3 texts")."""
+    sources = []
+    for i in range(3):
+        sources.append(tmp_path / f"{i}.txt")
+        sources[-1].write_text(
+            " ".join(f"text {i} line {j * 7919 % 10007}" for j in range(400)), encoding="utf-8"
+        )
+    calibration = CalibrationSpec(",".join(str(p) for p in sources), num_samples=6, seq_len=32)
+    config = CompressConfig(
+        keep=0.5,
+        align=8,
+        calibration=calibration,
+        allocation="budget",
+        heal="lora",
+        lora=LoraSpec(3, 1e-3, 16),
+    )
+    report = pipeline.compress(tiny_model("llama"), tokenizer, config, progress=False)
+    assert sorted(report.healing["kl_by_source"]) == sorted(str(p) for p in sources)
+    assert report.allocation
+    assert pipeline.probe_shape(3, 512) == (3, 170) and pipeline.probe_shape(1, 512) == (2, 256)
+    assert pipeline.probe_shape(12, 512) == (12, 64) and pipeline.probe_shape(2, 32) == (2, 32)

@@ -7,8 +7,6 @@ import gc
 
 from svdmlp.cli import options
 
-DEFAULT_TEXT = "shakespeare-heldout"
-
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
@@ -17,7 +15,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)"
     )
-    options.add_perplexity(p, f"{DEFAULT_TEXT} unless only --dataset or --tasks are given")
+    options.add_perplexity(p, "every built-in held-out domain unless only --dataset or --tasks are given")
     options.add_tasks(p)
     p.add_argument("--no-baseline", action="store_true", help="skip the dense base model of a checkpoint")
     options.add_json(p, "every row, the protocol and the versions")
@@ -26,15 +24,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> options.Outcome:
-    from svdmlp import checkpoint, models
+    from svdmlp import checkpoint, corpora, models
     from svdmlp.compression.report import CompressionReport, count_parameters
     from svdmlp.evaluate import suite
 
     settings = options.eval_settings(args)
-    # Tasks alone ask for no perplexity: the default text applies only when nothing else is asked for.
-    texts = options.eval_texts(args, () if args.tasks else (DEFAULT_TEXT,))
+    # Tasks alone ask for no perplexity: the default texts apply only when nothing else is asked for.
+    sources = options.eval_sources(args, () if args.tasks else corpora.HELDOUT_SOURCES)
     device, dtype = options.runtime(args)
     model, tokenizer, metadata = checkpoint.load_any(args.target, args.backend, dtype, device)
+    texts = options.eval_texts(args, sources, tokenizer)
     rows = []
     calibration = {}
     if metadata is None:
@@ -74,13 +73,27 @@ def run(args: argparse.Namespace) -> options.Outcome:
     record = suite.provenance(settings, dtype, device, rows[-1]["bos"])
     print(record["protocol"])
     print(eval_table(rows, [name for name, _ in texts], list(settings.tasks)))
+    if calibration:
+        print(calibration_line(calibration))
     failed = suite.failures(rows)
     for line in failed:
         print(line)
     summary = {**record, "rows": rows, "calibration": calibration, "failed": failed}
     if texts:
         summary.update(perplexity=rows[-1]["perplexity"][texts[0][0]], text=texts[0][0])
+    if len(rows) == 2 and texts:
+        summary["ratio_to_dense"] = suite.ratios_to_dense(rows[0]["perplexity"], rows[1]["perplexity"])
     return options.Outcome(1 if failed else 0, summary)
+
+
+def calibration_line(calibration: dict) -> str:
+    """What the checkpoint was calibrated on: its sources (weights) and the hash of the tokens."""
+    sources = calibration.get("sources")
+    named = ", ".join(f"{name} {weight:.2f}" for name, weight in sources) if sources else "not recorded"
+    digest = calibration.get("sha256")
+    return f"calibrated on {calibration.get('tokens', '?')} tokens of: {named}" + (
+        f" (token SHA-256 {digest[:16]}…)" if digest else ""
+    )
 
 
 def eval_table(rows: list[dict], text_names: list[str], task_names: list[str] = ()) -> str:
@@ -100,10 +113,13 @@ def eval_table(rows: list[dict], text_names: list[str], task_names: list[str] = 
         body.append(cells)
     table = format_table(headers, body)
     if len(rows) == 2 and text_names:
-        ratios = ", ".join(
-            f"{n} x{rows[1]['perplexity'][n] / rows[0]['perplexity'][n]:.2f}" for n in text_names
-        )
+        from svdmlp.evaluate import suite
+
+        summary = suite.ratios_to_dense(rows[0]["perplexity"], rows[1]["perplexity"])
+        ratios = ", ".join(f"{n} x{r:.2f}" for n, r in summary["ratios"].items())
         table += f"\ncompressed / dense perplexity: {ratios}"
+        if len(text_names) > 1:
+            table += f"; geometric mean x{summary['geomean']:.3f}"
     if len(rows) == 2 and task_names:
         deltas = [
             f"{task} {metric} {after - before:+.4f}"

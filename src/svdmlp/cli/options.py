@@ -80,10 +80,11 @@ def add_calibration(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
     parser.add_argument(
         "--calib",
-        default="shakespeare",
+        default="general",
         metavar="SOURCE[:WEIGHT],...",
-        help="calibration text: 'shakespeare' (default), 'gsm8k' or a file; a comma-separated list with "
-        "weights mixes them, e.g. shakespeare:3,notes.txt:1",
+        help="calibration text: 'general' (default: the five built-in domains shakespeare, gsm8k, python, "
+        "prose, chat at equal weights), one of them, or a file; a comma-separated list with weights mixes "
+        "them, e.g. general:3,notes.txt:1",
     )
     parser.add_argument("--calib-samples", type=int, default=32, help="calibration windows (default 32)")
     parser.add_argument(
@@ -125,7 +126,7 @@ def add_perplexity(parser: argparse.ArgumentParser, default_texts: str) -> None:
         "--text",
         action="append",
         default=None,
-        help=f"text file, 'shakespeare-heldout' or 'gsm8k' (repeatable; default: {default_texts})",
+        help=f"text file or built-in source, e.g. python-heldout (repeatable; default: {default_texts})",
     )
     parser.add_argument(
         "--dataset", action="append", default=[], help="wikitext2, ptb or c4 through `datasets` (repeatable)"
@@ -189,22 +190,15 @@ def eval_settings(args: argparse.Namespace):
     )
 
 
-def eval_texts(args: argparse.Namespace, default: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """(name, text) to score, from ``--text``, ``--dataset`` and ``--data-files``.
-
-    The ``--text`` sources come first, or ``default`` when there is no ``--text`` and no ``--dataset``
-    (naming a perplexity set replaces the default texts), then each ``--dataset`` set, read from its
-    ``--data-files`` copy when one is given. Every name must be distinct: it keys the perplexity results.
+def eval_sources(args: argparse.Namespace, default: tuple[str, ...] = ()) -> list[str]:
+    """The names of what to score, checked now (before any model loads): ``--text`` sources, or
+    ``default`` when there is no ``--text`` and no ``--dataset`` (naming a perplexity set replaces
+    the default texts), then each ``--dataset`` set. Every name must be distinct: it keys the results.
     """
     from svdmlp import corpora
     from svdmlp.evaluate import datasets
 
-    files = {}
-    for item in args.data_files:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise ValueError(f"--data-files expects SET=PATH, got {item!r}")
-        files[name] = path
+    files = data_files(args)
     unknown = sorted(set(files) - set(args.dataset))
     if unknown:
         raise ValueError(f"--data-files given for {unknown}, which are not among --dataset {args.dataset}")
@@ -213,9 +207,41 @@ def eval_texts(args: argparse.Namespace, default: tuple[str, ...] = ()) -> list[
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         raise ValueError(f"{repeated} named more than once among --text and --dataset")
-    texts = [(source, corpora.read_text(source)) for source in sources]
-    texts += [(name, datasets.load_text(name, files.get(name))) for name in args.dataset]
-    return texts
+    for source in sources:
+        corpora.check_source(source)
+    for name in args.dataset:
+        datasets.check(name, files.get(name))
+    return names
+
+
+def data_files(args: argparse.Namespace) -> dict[str, str]:
+    """``--data-files SET=PATH`` as ``{SET: PATH}``."""
+    files = {}
+    for item in args.data_files:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--data-files expects SET=PATH, got {item!r}")
+        files[name] = path
+    return files
+
+
+def eval_texts(args: argparse.Namespace, names: list[str], tokenizer) -> list[tuple[str, str]]:
+    """(name, text) of each of :func:`eval_sources`' ``names``: built-in and file texts (``chat`` in
+    ``tokenizer``'s chat template), then the ``--dataset`` sets, from their ``--data-files`` copy
+    when one is given."""
+    from svdmlp import corpora
+    from svdmlp.evaluate import datasets
+
+    files = data_files(args)
+    return [
+        (
+            name,
+            datasets.load_text(name, files.get(name))
+            if name in args.dataset
+            else corpora.read_text(name, tokenizer),
+        )
+        for name in names
+    ]
 
 
 # --- machine-readable output --------------------------------------------------------------------

@@ -9,9 +9,6 @@ from pathlib import Path
 from svdmlp.cli import options
 from svdmlp.config import RECIPE_OPTIONS, CompressConfig
 
-# What a sweep scores when neither --text nor --dataset is given.
-DEFAULT_TEXTS = ("shakespeare-heldout", "gsm8k")
-
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     """Add ``sweep [MODEL] --keep LIST --method LIST --out DIR`` (with eval's and compress's shared options)."""
@@ -37,7 +34,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "every recipe runs at every keep (default whiten,svd)",
     )
     p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
-    options.add_perplexity(p, " and ".join(DEFAULT_TEXTS) + " unless --dataset is given")
+    options.add_perplexity(p, "every built-in held-out domain unless --dataset is given")
     options.add_calibration(p)
     p.add_argument(
         "--bench",
@@ -53,6 +50,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> options.Outcome:
+    from svdmlp import corpora
     from svdmlp.evaluate import suite
     from svdmlp.sweep import markdown, runner, speed
 
@@ -66,11 +64,12 @@ def run(args: argparse.Namespace) -> options.Outcome:
         lora=options.lora_spec(args),
     )
     # Unlike eval, tasks do not drop the default texts: a sweep's report is built around perplexity.
-    texts = options.eval_texts(args, DEFAULT_TEXTS)
+    names = options.eval_sources(args, corpora.HELDOUT_SOURCES)
     device, dtype = options.runtime(args)
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
+    texts = runner.Texts(names, lambda tokenizer: options.eval_texts(args, names, tokenizer))
     records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
-    sources = [name for name, _ in texts if name not in args.dataset]  # names are distinct
+    sources = [name for name in names if name not in args.dataset]  # names are distinct
     path = markdown.write_report(args.out, records, command_line(args, sources), bench)
     failed = suite.failures([{**r, "kind": r["point"]} for r in records])
     for line in failed:

@@ -76,6 +76,26 @@ def mixture_windows(
     )
 
 
+def source_weights(config: CompressConfig, calibration_text: str | None) -> list[list]:
+    """``[name, weight]`` of each calibration source, as reports record them (a text given directly: "text")."""
+    if calibration_text is not None:
+        return [["text", 1.0]]
+    return [[name, weight] for name, weight in config.calibration.mixture]
+
+
+def calibration_texts(
+    tokenizer, config: CompressConfig, calibration_text: str | None
+) -> list[tuple[str, str, float]]:
+    """``(name, text, weight)`` of every calibration source of ``config`` (``calibration_text``
+    alone, named ``"text"``, when given); ``chat`` is rendered in ``tokenizer``'s chat template."""
+    if calibration_text is not None:
+        return [("text", calibration_text, 1.0)]
+    return [
+        (source, corpora.read_text(source, tokenizer), weight)
+        for source, weight in config.calibration.mixture
+    ]
+
+
 def config_windows(
     tokenizer,
     config: CompressConfig,
@@ -89,13 +109,10 @@ def config_windows(
     (``calibration_text`` instead, when given), each after ``bos`` if given (then ``seq_len + 1``
     tokens: the model sees its inputs as it will at run time, see :func:`svdmlp.arch.bos_token_id`).
 
-    Defaults are the calibration's own count, length and seed; probes and healing draw their own.
+    Defaults are the calibration's own count, length and seed; probes draw their own.
     """
     spec = config.calibration
-    if calibration_text is not None:
-        texts = [(calibration_text, 1.0)]
-    else:
-        texts = [(corpora.read_text(source), weight) for source, weight in spec.mixture]
+    texts = [(text, weight) for _, text, weight in calibration_texts(tokenizer, config, calibration_text)]
     windows = mixture_windows(
         tokenizer,
         texts,
@@ -104,6 +121,36 @@ def config_windows(
         config.seed if seed is None else seed,
     )
     return arch.with_bos(windows, bos)
+
+
+def training_and_validation(
+    tokenizer,
+    config: CompressConfig,
+    calibration_text: str | None,
+    steps: int,
+    seq_len: int,
+    seed: int,
+    bos: int | None = None,
+    per_source: int = 1,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Training windows ``(steps, seq_len)`` shared among the sources by weight, and ``per_source``
+    validation windows of each source, by name.
+
+    Each source's training and validation windows are drawn together, so they are distinct slots of
+    its tokens (disjoint whenever the text holds ``share + per_source`` windows), then split at
+    random: healing decides on text it did not train on.
+    """
+    sources = calibration_texts(tokenizer, config, calibration_text)
+    shares = window_shares([weight for _, _, weight in sources], steps)
+    generator = torch.Generator().manual_seed(seed)
+    training, validation = [], {}
+    for (name, text, _), share in zip(sources, shares, strict=True):
+        drawn = token_windows(tokenizer, text, share + per_source, seq_len, seed)
+        order = torch.randperm(len(drawn), generator=generator)
+        validation[name] = arch.with_bos(drawn[order[:per_source]], bos)
+        training.append(drawn[order[per_source:]])
+    mixed = torch.cat(training)[torch.randperm(steps, generator=generator)]  # sources interleaved
+    return arch.with_bos(mixed, bos), validation
 
 
 def tokens_hash(tokens: torch.Tensor) -> str:
@@ -241,6 +288,7 @@ class Calibration:
     grams: dict[int, LayerGrams]
     tokens: int
     sha256: str
+    sources: list[list] = field(default_factory=list)  # [name, weight] of each text the windows came from
 
     @classmethod
     def collect(
@@ -250,12 +298,13 @@ class Calibration:
         windows: torch.Tensor,
         indices: list[int],
         progress: bool = True,
+        sources: list[list] = (),
     ) -> Calibration:
-        """The dense model's Grams of layers ``indices`` on ``windows``."""
+        """The dense model's Grams of layers ``indices`` on ``windows`` (drawn from ``sources``)."""
         grams = collect_grams(model, spec, windows, indices, progress=progress)
-        return cls(grams, windows.numel(), tokens_hash(windows))
+        return cls(grams, windows.numel(), tokens_hash(windows), [list(s) for s in sources])
 
     @property
     def info(self) -> dict:
         """What the compression report records about the calibration."""
-        return {"tokens": self.tokens, "sha256": self.sha256}
+        return {"tokens": self.tokens, "sha256": self.sha256, "sources": self.sources}

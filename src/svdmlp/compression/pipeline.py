@@ -20,15 +20,32 @@ import torch.nn as nn
 
 from svdmlp import arch
 from svdmlp.compression import factorise, ranks, sensitivity, sequential
-from svdmlp.compression.calibration import Calibration, config_windows, tokens_hash
+from svdmlp.compression.calibration import (
+    Calibration,
+    config_windows,
+    source_weights,
+    tokens_hash,
+    training_and_validation,
+)
 from svdmlp.compression.heal import distill
 from svdmlp.compression.report import CompressionReport, LayerRecord, count_parameters
 from svdmlp.config import CompressConfig
 
-# Windows scored per layer to measure its sensitivity (--allocate), and their length at most: the
-# 512 tokens per probe that the allocation was validated with on SmolLM2 (BENCHMARKS.md).
-SENSITIVITY_WINDOWS = 2
+# Tokens scored per layer and candidate rank to measure its sensitivity (--allocate): the 512 that the
+# allocation was validated with on SmolLM2 (BENCHMARKS.md), in windows of at most 256 tokens and at
+# least one per calibration source (a mixture of five: 5 windows of 102 tokens), never under 64 tokens.
+SENSITIVITY_TOKENS = 512
 SENSITIVITY_SEQ_LEN = 256
+SENSITIVITY_MIN_SEQ_LEN = 64
+# Validation windows of each calibration source on which distillation healing is judged.
+HEAL_VALIDATION = 1
+
+
+def probe_shape(sources: int, calibration_seq_len: int) -> tuple[int, int]:
+    """(windows, tokens each) of the sensitivity probes for a mixture of ``sources`` texts."""
+    count = max(sources, SENSITIVITY_TOKENS // SENSITIVITY_SEQ_LEN)
+    seq_len = max(SENSITIVITY_MIN_SEQ_LEN, min(SENSITIVITY_SEQ_LEN, SENSITIVITY_TOKENS // count))
+    return count, min(seq_len, calibration_seq_len)
 
 
 def _check_layers(config: CompressConfig, num_layers: int) -> list[int]:
@@ -81,7 +98,10 @@ def collect_calibration(
     """Collect the Grams :func:`compress` needs for ``config`` (any keep) from the dense ``model``."""
     spec = arch.of_model(model)
     windows = config_windows(tokenizer, config, calibration_text, bos=arch.bos_token_id(spec, tokenizer))
-    return Calibration.collect(model, spec, windows, _layers_to_compress(model, spec, config)[2], progress)
+    indices = _layers_to_compress(model, spec, config)[2]
+    return Calibration.collect(
+        model, spec, windows, indices, progress, source_weights(config, calibration_text)
+    )
 
 
 def compress(
@@ -124,7 +144,8 @@ def compress(
     calibrated = time.perf_counter()
     if config.needs_dense_grams and to_compress:
         if calibration is None:
-            calibration = Calibration.collect(model, spec, windows(), to_compress, progress)
+            sources = source_weights(config, calibration_text)
+            calibration = Calibration.collect(model, spec, windows(), to_compress, progress, sources)
         missing = sorted(set(to_compress) - set(calibration.grams))
         if missing:
             raise ValueError(f"the calibration given has no Grams for layers {missing}")
@@ -136,8 +157,9 @@ def compress(
     factorising = time.perf_counter()
     timings, allocation = {}, {}
     if config.allocation == "budget" and to_compress:
-        seq_len = min(SENSITIVITY_SEQ_LEN, config.calibration.seq_len)
-        probes = windows(SENSITIVITY_WINDOWS, seq_len, config.seed + 3)
+        sources = 1 if calibration_text is not None else len(config.calibration.mixture)
+        count, seq_len = probe_shape(sources, config.calibration.seq_len)
+        probes = windows(count, seq_len, config.seed + 3)
         planned, allocation = sensitivity.allocate(
             model, spec, planned, grams, probes, config.keep, config.align, progress
         )
@@ -159,6 +181,7 @@ def compress(
         calibration_info = {
             "tokens": tokens.numel(),
             "sha256": tokens_hash(tokens),
+            "sources": source_weights(config, calibration_text),
             "sequential": True,
         }
     records = []
@@ -177,7 +200,7 @@ def compress(
 
     healing = {}
     if teacher is not None:
-        healing = _heal_by_distillation(model, config, teacher, windows, calibration_text, progress)
+        healing = _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, bos, progress)
         timings["healing"] = healing["seconds"]
     del teacher  # the dense MLPs it kept
     finished = time.perf_counter()
@@ -198,12 +221,13 @@ def compress(
     )
 
 
-def _heal_by_distillation(model, config, teacher, windows, calibration_text, progress) -> dict:
-    """Run :func:`distill.distill` on windows of its own; what the report records of it."""
+def _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, bos, progress) -> dict:
+    """Run :func:`distill.distill` on windows of its own (training and, per calibration source,
+    validation windows disjoint from them); what the report records of it."""
     lora = config.lora
-    training = windows(lora.steps, lora.seq_len, config.seed + 1)
-    texts = 1 if calibration_text is not None else len(config.calibration.mixture)
-    validation = windows(max(2, texts), lora.seq_len, config.seed + 2)
+    training, validation = training_and_validation(
+        tokenizer, config, calibration_text, lora.steps, lora.seq_len, config.seed + 1, bos, HEAL_VALIDATION
+    )
     result = distill.distill(model, teacher, training, validation, lora, progress=progress)
     return {
         "method": "lora",

@@ -158,6 +158,14 @@ def heal_line(report: CompressionReport) -> str:
             f"validation KL to the dense model {h['kl_before']:.4f} -> {h['kl_after']:.4f} nats/token"
             + ("; it rose, so the factors from before healing were kept" if h.get("reverted") else "")
         )
+        by_source = h.get("kl_by_source") or {}
+        if len(by_source) > 1:
+            lines.append(
+                "  per source: "
+                + ", ".join(
+                    f"{name} {kl['before']:.4f} -> {kl['after']:.4f}" for name, kl in by_source.items()
+                )
+            )
     return "\n".join(lines)
 
 

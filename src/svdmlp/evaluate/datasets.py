@@ -47,10 +47,17 @@ _LOCAL_BUILDERS = {
 }
 
 
-def load_text(name: str, data_files: str | None = None) -> str:
-    """The evaluation text of set ``name``; from ``data_files`` (a local file) when given."""
+def check(name: str, data_files: str | None = None) -> None:
+    """Fail now on an unknown set or a local copy that cannot be read, before any model loads."""
     if name not in SETS:
         raise ValueError(f"unknown perplexity set {name!r}; expected one of {sorted(SETS)}")
+    if data_files is not None:
+        _local_builder(data_files)
+
+
+def load_text(name: str, data_files: str | None = None) -> str:
+    """The evaluation text of set ``name``; from ``data_files`` (a local file) when given."""
+    check(name, data_files)
     spec = SETS[name]
     try:
         from datasets import load_dataset

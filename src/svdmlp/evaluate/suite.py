@@ -7,6 +7,7 @@ reproducible: the protocol line, versions, seed and the definition of keep.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -111,6 +112,16 @@ def score(model, tokenizer, texts: list[tuple[str, str]], settings: EvalSettings
         )
         tasks = {r.name: r.to_dict() for r in results}
     return {"perplexity": ppl, "tasks": tasks, "bos": {"token_id": bos, "convention": convention}}
+
+
+def ratios_to_dense(dense: dict[str, float], compressed: dict[str, float]) -> dict:
+    """``{"ratios": {text: compressed / dense}, "geomean": their geometric mean}`` over the texts both
+    scored: the per-domain summary every comparison reports (one domain's gain cannot hide another's loss
+    the way an arithmetic mean of perplexities lets a low-perplexity domain vanish)."""
+    names = [name for name in compressed if name in dense]
+    ratios = {name: compressed[name] / dense[name] for name in names}
+    geomean = math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios)) if ratios else None
+    return {"ratios": ratios, "geomean": geomean}
 
 
 def failures(rows: list[dict]) -> list[str]:

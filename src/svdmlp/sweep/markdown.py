@@ -14,7 +14,7 @@ from pathlib import Path
 from svdmlp.evaluate import harness, suite
 from svdmlp.plots import new_figure, save_figure
 from svdmlp.sweep import speed
-from svdmlp.tables import markdown_table
+from svdmlp.tables import format_cell, markdown_table
 
 SPEED_PLOT = "ppl-vs-speed.png"
 
@@ -206,12 +206,22 @@ def _calibration_hash(records: list[dict]) -> str:
 
 
 def _table(records: list[dict], texts: list[str], tasks: list[str]) -> str:
+    """One row per point: perplexity per text with its ratio to dense, and their geometric mean."""
+    dense = next((r["perplexity"] for r in records if r["method"] == "dense"), None)
     headers = ["point", "target keep", "achieved keep", "compress s"] + [f"PPL {t}" for t in texts]
+    geomean = dense is not None and len(texts) > 1
+    headers += ["geomean ×dense"] if geomean else []
     headers += [f"{task} {metric}" for task in tasks for metric in harness.METRICS]
     rows = []
     for r in records:
         cells = [r["point"], r["target_keep"], f"{r['achieved_keep']:.4f}", f"{r['compress_seconds']:.1f}"]
-        cells += [r["perplexity"][t] for t in texts]
+        summary = suite.ratios_to_dense(dense, r["perplexity"]) if dense is not None else None
+        for t in texts:
+            ppl = format_cell(r["perplexity"][t])
+            cells.append(
+                ppl if summary is None or r["method"] == "dense" else f"{ppl} (×{summary['ratios'][t]:.3g})"
+            )
+        cells += [f"×{summary['geomean']:.3g}"] if geomean else []
         for task in tasks:
             result = r["tasks"][task]
             cells += ["failed" if result["error"] else result["metrics"].get(m, "-") for m in harness.METRICS]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,6 +22,21 @@ from svdmlp import models
 from svdmlp.compression import pipeline
 from svdmlp.config import CompressConfig
 from svdmlp.evaluate import suite
+
+
+@dataclass
+class Texts:
+    """What every point is scored on: the names now, the texts read once, with the first tokenizer
+    loaded (the built-in ``chat`` text is rendered in the model's chat template)."""
+
+    names: list[str]
+    read: Callable[[object], list[tuple[str, str]]]
+    _texts: list[tuple[str, str]] | None = None
+
+    def of(self, tokenizer) -> list[tuple[str, str]]:
+        if self._texts is None:
+            self._texts = self.read(tokenizer)
+        return self._texts
 
 
 @dataclass(frozen=True)
@@ -49,7 +65,7 @@ def plan(keeps: tuple[float, ...], methods: tuple[str, ...]) -> list[Point]:
 def run_sweep(
     model_name: str | None,
     points: list[Point],
-    texts: list[tuple[str, str]],
+    texts: Texts,
     settings: suite.EvalSettings,
     base: CompressConfig,
     out: Path,
@@ -60,7 +76,7 @@ def run_sweep(
     """Compress and score every point not already in ``out/points``; return all points' records."""
     identity = {
         "model": model_name or models.DEFAULT_MODEL,
-        "texts": [name for name, _ in texts],
+        "texts": list(texts.names),
         "settings": settings.to_dict(),
         "compress": {k: v for k, v in base.to_dict().items() if k not in ("keep", "method")},
         "dtype": str(dtype).removeprefix("torch."),
@@ -95,7 +111,7 @@ def run_sweep(
                 calibration=report.calibration,
                 params=report.params_after,
             )
-        record.update(suite.score(model, tokenizer, texts, settings, point.name))
+        record.update(suite.score(model, tokenizer, texts.of(tokenizer), settings, point.name))
         record["seconds"] = time.perf_counter() - point_started
         _write_atomic(path, record)
         records.append(record)

@@ -58,7 +58,7 @@ def test_distillation_lowers_the_calibration_loss_and_touches_only_the_factors(t
     others = {n: p.detach().clone() for n, p in model.named_parameters() if "mlp" not in n}
     factors = {n: p.detach().clone() for n, p in model.named_parameters() if "mlp" in n}
     windows = _windows(tokenizer, 4, 1)
-    result = distill.distill(model, teacher, windows, windows, LoraSpec(24, 3e-3, 32), progress=False)
+    result = distill.distill(model, teacher, windows, {"a": windows}, LoraSpec(24, 3e-3, 32), progress=False)
     assert result.kl_after < 0.6 * result.kl_before
     assert result.kl_after == pytest.approx(distill.validation_kl(model, teacher, windows))
     assert result.steps == 24 and result.tokens == 24 * 32
@@ -76,7 +76,7 @@ def test_half_precision_factors_train_through_float32_masters(tokenizer):
     model, teacher, _ = _compressed("mistral", tokenizer, dtype=torch.bfloat16)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if "mlp" in n}
     windows = _windows(tokenizer, 2, 1)
-    result = distill.distill(model, teacher, windows, windows, LoraSpec(8, 3e-3, 32), progress=False)
+    result = distill.distill(model, teacher, windows, {"a": windows}, LoraSpec(8, 3e-3, 32), progress=False)
     assert result.kl_after < result.kl_before
     for name, parameter in model.named_parameters():
         if name in before:
@@ -87,7 +87,7 @@ def test_healing_that_raises_the_validation_kl_is_reverted(tokenizer):
     model, teacher, _ = _compressed("llama", tokenizer)
     factors = {n: p.detach().clone() for n, p in model.named_parameters() if "mlp" in n}
     train, validation = _windows(tokenizer, 4, 1), _windows(tokenizer, 2, 2)
-    result = distill.distill(model, teacher, train, validation, LoraSpec(4, 0.3, 32), progress=False)
+    result = distill.distill(model, teacher, train, {"a": validation}, LoraSpec(4, 0.3, 32), progress=False)
     assert result.reverted and result.kl_after > result.kl_before  # the step was far too large
     assert result.to_dict()["reverted"] is True
     for name, parameter in model.named_parameters():
@@ -106,10 +106,26 @@ def test_divergence_is_a_clear_error(tokenizer):
             model,
             teacher,
             _windows(tokenizer, 4, 1),
-            _windows(tokenizer, 2, 2),
+            {"a": _windows(tokenizer, 2, 2)},
             LoraSpec(4, 0.9, 32),
             progress=False,
         )
+
+
+def test_validation_kl_is_kept_per_source_and_decides_on_their_mean(tokenizer):
+    model, teacher, _ = _compressed("llama", tokenizer)
+    validation = {"a": _windows(tokenizer, 1, 2), "b": _windows(tokenizer, 2, 3)}
+    result = distill.distill(
+        model, teacher, _windows(tokenizer, 4, 1), validation, LoraSpec(8, 3e-3, 32), progress=False
+    )
+    assert sorted(result.kl_by_source) == ["a", "b"]
+    per_source = {
+        name: distill.validation_kl(model, teacher, windows) for name, windows in validation.items()
+    }
+    for name, kl in per_source.items():
+        assert result.kl_by_source[name]["after"] == pytest.approx(kl)
+    assert result.kl_after == pytest.approx(sum(per_source.values()) / 2)  # each source counts once
+    assert result.to_dict()["kl_by_source"] == result.kl_by_source
 
 
 def test_nothing_to_heal_is_an_error(tokenizer):
@@ -117,7 +133,12 @@ def test_nothing_to_heal_is_an_error(tokenizer):
     teacher = distill.DenseTeacher(model, arch.resolve("llama"), [0])
     with pytest.raises(ValueError, match="no low-rank MLP modules"):
         distill.distill(
-            model, teacher, _windows(tokenizer, 1, 1), _windows(tokenizer, 1, 2), LoraSpec(1), progress=False
+            model,
+            teacher,
+            _windows(tokenizer, 1, 1),
+            {"a": _windows(tokenizer, 1, 2)},
+            LoraSpec(1),
+            progress=False,
         )
 
 

