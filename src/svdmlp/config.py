@@ -15,6 +15,42 @@ HEALS = ("none", "closed-form", "lora", "closed-form+lora")
 RECIPE_OPTIONS = ("sequential", "allocate", "closed-form", "lora")
 
 
+@dataclass(frozen=True)
+class Effort:
+    """A named compression budget: the recipe and token budgets ``svdmlp compress --effort NAME`` uses
+    for every option not given explicitly. Times are SmolLM2-135M's on 2 CPU cores (BENCHMARKS.md)."""
+
+    allocation: str
+    sequential: bool
+    heal: str
+    calib_samples: int
+    heal_steps: int
+    about: str
+
+
+EFFORTS = {
+    "fast": Effort(
+        "uniform", False, "none", 32, 48, "one-shot whitened SVD: about 2 minutes for SmolLM2-135M on 2 cores"
+    ),
+    "default": Effort(
+        "budget",
+        True,
+        "closed-form+lora",
+        16,
+        16,
+        "allocation, sequential calibration, closed-form and 16 distillation steps: within 10 minutes",
+    ),
+    "thorough": Effort(
+        "budget",
+        True,
+        "closed-form+lora",
+        32,
+        64,
+        "the default recipe with twice the calibration and four times the healing: about 25 minutes",
+    ),
+}
+
+
 def parse_mixture(source: str) -> tuple[tuple[str, float], ...]:
     """``"a.txt:3,shakespeare:1"`` -> ``(("a.txt", 0.75), ("shakespeare", 0.25))``: weights normalised.
 

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, BertConfig, GPT2Config
 from conftest import assert_cli_error, run_cli, snapshot
 from svdmlp import checkpoint
 
-TINY = ["--align", "8", "--calib-samples", "4", "--calib-seq-len", "32"]
+TINY = ["--effort", "fast", "--align", "8", "--calib-samples", "4", "--calib-seq-len", "32"]
 
 
 def test_compress_prints_layer_table_and_summary(compressed, tmp_path, capsys):
@@ -172,3 +172,35 @@ def test_nan_weights(compressed, tokenizer, tmp_path, capsys):
     argv = ["compress", tmp_path / "nan-model", "--calib", text, *TINY, "--out", tmp_path / "out"]
     assert_cli_error(capsys, "compress", argv, "model.layers.1.mlp.up_proj has NaN or inf weights")
     assert not (tmp_path / "out").exists()
+
+
+def _config(*argv):
+    from svdmlp.cli import build_parser
+    from svdmlp.cli.compress import config
+
+    return config(build_parser().parse_args(["compress", "--out", "x", *argv]))
+
+
+def test_effort_presets_fill_every_option_not_given():
+    default = _config()
+    assert (default.allocation, default.sequential, default.heal) == ("budget", True, "closed-form+lora")
+    assert (default.calibration.num_samples, default.lora.steps) == (16, 16)
+    assert default.calibration.source == "general"
+    fast = _config("--effort", "fast")
+    assert (fast.allocation, fast.sequential, fast.heal, fast.calibration.num_samples) == (
+        "uniform",
+        False,
+        "none",
+        32,
+    )
+    thorough = _config("--effort", "thorough")
+    assert (thorough.calibration.num_samples, thorough.lora.steps) == (32, 64)
+    mixed = _config("--no-allocate", "--heal-steps", "5", "--calib-samples", "8")
+    assert (mixed.allocation, mixed.sequential, mixed.lora.steps, mixed.calibration.num_samples) == (
+        "uniform",
+        True,
+        5,
+        8,
+    )
+    plain = _config("--method", "svd")  # no calibration: no sequential pass, no closed form
+    assert (plain.sequential, plain.heal, plain.allocation) == (False, "lora", "budget")

@@ -137,3 +137,18 @@ def test_healing_trains_and_validates_on_disjoint_windows_of_every_source(tokeni
     assert from_b == 2  # the sources' shares (6 and 2 of 8)
     again = calibration.training_and_validation(tokenizer, config, None, 8, 16, seed=5, bos=7, per_source=2)
     assert torch.equal(again[0], training)
+
+
+def test_self_calibration_is_sampled_by_the_model_and_mixes_with_text(tokenizer, text_file):
+    model = tiny_model("llama")
+    config = CompressConfig(calibration=CalibrationSpec(f"self:1,{text_file}:1", 4, 16))
+    windows = calibration.config_windows(tokenizer, config, None, bos=5, model=model)
+    again = calibration.config_windows(tokenizer, config, None, bos=5, model=tiny_model("llama"))
+    assert windows.shape == (4, 17) and torch.equal(windows, again)  # the same seed, the same samples
+    assert (windows[:, 0] == 5).all()
+    text_part = calibration.token_windows(tokenizer, SAMPLE_TEXT, 2, 16, seed=0)
+    assert torch.equal(windows[2:, 1:], text_part)
+    other_seed = calibration.config_windows(tokenizer, config, None, seed=1, bos=5, model=model)
+    assert not torch.equal(other_seed[:2], windows[:2])
+    with pytest.raises(ValueError, match="'self' calibration needs the model"):
+        calibration.config_windows(tokenizer, config, None)

@@ -125,7 +125,7 @@ def test_config_round_trip_and_validation():
 
 def test_cli_flags_reach_the_checkpoint(model_dir, text_file, tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["compress", model_dir, "--calib", text_file, "--out", out, "--align", "8"]
+    argv = ["compress", model_dir, "--calib", text_file, "--out", out, "--align", "8", "--effort", "fast"]
     argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--sequential", "--heal", "closed-form"]
     assert main([str(a) for a in argv]) == 0
     printed = capsys.readouterr().out

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from svdmlp.cli import options
-from svdmlp.config import HEALS, CompressConfig
+from svdmlp.config import EFFORTS, HEALS, CalibrationSpec, CompressConfig, LoraSpec
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -18,7 +18,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--method", choices=("whiten", "svd"), default="whiten", help="activation-aware (whiten) or plain SVD"
     )
-    options.add_calibration(p)
+    options.add_calibration(p, samples=None)
     p.add_argument("--seed", type=int, default=0, help="seeds the choice of calibration windows (default 0)")
     p.add_argument(
         "--targets",
@@ -30,25 +30,37 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--layers", type=options.comma_list(int), default=None, help="decoder layer indices (default: all)"
     )
     p.add_argument(
+        "--effort",
+        choices=EFFORTS,
+        default="default",
+        help="the recipe and budgets of every option below not given: "
+        + "; ".join(f"{name}: {effort.about}" for name, effort in EFFORTS.items())
+        + " (default: default)",
+    )
+    p.add_argument(
         "--allocate",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="one rank per layer from measured sensitivity (the KL each layer alone causes at the rank "
-        "rule's rank), within the parameter budget of --keep (default: the rank rule everywhere)",
+        "rule's rank), within the parameter budget of --keep; --no-allocate: the rank rule everywhere "
+        "(default: as --effort says)",
     )
     p.add_argument(
         "--sequential",
-        action="store_true",
-        help="calibrate each layer on the outputs of the already-compressed layers before it",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="calibrate each layer on the outputs of the already-compressed layers before it "
+        "(default: as --effort says)",
     )
     p.add_argument(
         "--heal",
         choices=HEALS,
-        default="none",
+        default=None,
         help="closed-form: fit each down projection to compensate the compressed gate/up (needs "
         "--sequential); lora: train the factors to match the dense model's next-token distribution "
-        "on calibration text; closed-form+lora: both (default none)",
+        "on calibration text; closed-form+lora: both (default: as --effort says)",
     )
-    options.add_lora(p)
+    options.add_lora(p, steps=None)
     p.add_argument(
         "--save-dtype",
         choices=options.DTYPES,
@@ -63,18 +75,32 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def config(args: argparse.Namespace) -> CompressConfig:
+    """The config of the flags given, every other recipe option and budget from ``--effort``.
+
+    Plain SVD collects no calibration, so with ``--method svd`` the effort's sequential calibration and
+    closed-form healing (which need it) do not apply; options given explicitly always do.
+    """
+    effort = EFFORTS[args.effort]
+    whiten = args.method == "whiten"
+    heal = args.heal
+    if heal is None:
+        heal = effort.heal if whiten else ("lora" if "lora" in effort.heal.split("+") else "none")
+    allocate = args.allocate if args.allocate is not None else effort.allocation == "budget"
+    sequential = args.sequential if args.sequential is not None else effort.sequential and whiten
+    samples = effort.calib_samples if args.calib_samples is None else args.calib_samples
+    steps = effort.heal_steps if args.heal_steps is None else args.heal_steps
     return CompressConfig(
         keep=args.keep,
         align=args.align,
         method=args.method,
-        calibration=options.calibration_spec(args),
+        calibration=CalibrationSpec(args.calib, samples, args.calib_seq_len),
         seed=args.seed,
         targets=args.targets,
         layers=args.layers,
-        allocation="budget" if args.allocate else "uniform",
-        sequential=args.sequential,
-        heal=args.heal,
-        lora=options.lora_spec(args),
+        allocation="budget" if allocate else "uniform",
+        sequential=sequential,
+        heal=heal,
+        lora=LoraSpec(steps, args.heal_lr, args.heal_seq_len),
     )
 
 

@@ -75,8 +75,9 @@ def runtime(args: argparse.Namespace):
 # --- compression --------------------------------------------------------------------------------
 
 
-def add_calibration(parser: argparse.ArgumentParser) -> None:
-    """Rank alignment and the calibration text (``compress`` and ``sweep``)."""
+def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32) -> None:
+    """Rank alignment and the calibration text (``compress`` and ``sweep``); ``samples`` is
+    ``--calib-samples``' default (None: set later, by compress's ``--effort``)."""
     parser.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
     parser.add_argument(
         "--calib",
@@ -86,7 +87,12 @@ def add_calibration(parser: argparse.ArgumentParser) -> None:
         "prose, chat at equal weights), one of them, or a file; a comma-separated list with weights mixes "
         "them, e.g. general:3,notes.txt:1",
     )
-    parser.add_argument("--calib-samples", type=int, default=32, help="calibration windows (default 32)")
+    parser.add_argument(
+        "--calib-samples",
+        type=int,
+        default=samples,
+        help=f"calibration windows (default {samples if samples is not None else 'as --effort says'})",
+    )
     parser.add_argument(
         "--calib-seq-len", type=int, default=512, help="tokens per calibration window (default 512)"
     )
@@ -96,10 +102,14 @@ def calibration_spec(args: argparse.Namespace) -> CalibrationSpec:
     return CalibrationSpec(args.calib, args.calib_samples, args.calib_seq_len)
 
 
-def add_lora(parser: argparse.ArgumentParser) -> None:
-    """The knobs of distillation healing ("lora"), shared by compress and sweep."""
+def add_lora(parser: argparse.ArgumentParser, steps: int | None = LoraSpec.steps) -> None:
+    """The knobs of distillation healing ("lora"), shared by compress and sweep; ``steps`` is
+    ``--heal-steps``' default (None: set later, by compress's ``--effort``)."""
     parser.add_argument(
-        "--heal-steps", type=int, default=LoraSpec.steps, help="lora: training steps (default %(default)s)"
+        "--heal-steps",
+        type=int,
+        default=steps,
+        help=f"lora: training steps (default {steps if steps is not None else 'as --effort says'})",
     )
     parser.add_argument(
         "--heal-lr", type=float, default=LoraSpec.lr, help="lora: peak learning rate (default %(default)s)"

@@ -18,7 +18,12 @@ from tqdm.auto import tqdm
 
 from svdmlp import arch, corpora
 from svdmlp.compression import decompose
+from svdmlp.compression.self_calibration import self_windows
 from svdmlp.config import CompressConfig
+from svdmlp.engine import Engine
+
+# Windows the dense model samples at once for ``self`` calibration.
+SELF_BATCH = 8
 
 
 def token_windows(tokenizer, text: str, num_samples: int, seq_len: int, seed: int) -> torch.Tensor:
@@ -85,15 +90,28 @@ def source_weights(config: CompressConfig, calibration_text: str | None) -> list
 
 def calibration_texts(
     tokenizer, config: CompressConfig, calibration_text: str | None
-) -> list[tuple[str, str, float]]:
+) -> list[tuple[str, str | None, float]]:
     """``(name, text, weight)`` of every calibration source of ``config`` (``calibration_text``
-    alone, named ``"text"``, when given); ``chat`` is rendered in ``tokenizer``'s chat template."""
+    alone, named ``"text"``, when given); ``chat`` is rendered in ``tokenizer``'s chat template, and
+    ``self`` has no text (the model writes it)."""
     if calibration_text is not None:
         return [("text", calibration_text, 1.0)]
     return [
-        (source, corpora.read_text(source, tokenizer), weight)
+        (source, None if source == corpora.SELF else corpora.read_text(source, tokenizer), weight)
         for source, weight in config.calibration.mixture
     ]
+
+
+def _draw(
+    model, tokenizer, text: str | None, count: int, seq_len: int, seed: int, bos: int | None
+) -> torch.Tensor:
+    """``count`` windows of a text, or sampled by the dense ``model`` itself when ``text`` is None."""
+    if text is not None:
+        return token_windows(tokenizer, text, count, seq_len, seed)
+    if model is None:
+        raise ValueError("'self' calibration needs the model to sample from")
+    engine = Engine(model, max_batch=min(count, SELF_BATCH))
+    return self_windows(engine, tokenizer, count, seq_len, seed, bos, batch_size=min(count, SELF_BATCH))
 
 
 def config_windows(
@@ -104,23 +122,26 @@ def config_windows(
     seq_len: int | None = None,
     seed: int | None = None,
     bos: int | None = None,
+    model: nn.Module | None = None,
 ) -> torch.Tensor:
     """Token windows ``(num_samples, seq_len)`` of the calibration text or mixture ``config`` names
     (``calibration_text`` instead, when given), each after ``bos`` if given (then ``seq_len + 1``
     tokens: the model sees its inputs as it will at run time, see :func:`svdmlp.arch.bos_token_id`).
+    A ``self`` share is sampled by ``model``, which must then be the dense model.
 
     Defaults are the calibration's own count, length and seed; probes draw their own.
     """
     spec = config.calibration
-    texts = [(text, weight) for _, text, weight in calibration_texts(tokenizer, config, calibration_text)]
-    windows = mixture_windows(
-        tokenizer,
-        texts,
-        spec.num_samples if num_samples is None else num_samples,
-        spec.seq_len if seq_len is None else seq_len,
-        config.seed if seed is None else seed,
-    )
-    return arch.with_bos(windows, bos)
+    sources = calibration_texts(tokenizer, config, calibration_text)
+    count = spec.num_samples if num_samples is None else num_samples
+    seq_len = spec.seq_len if seq_len is None else seq_len
+    seed = config.seed if seed is None else seed
+    shares = window_shares([weight for _, _, weight in sources], count)
+    windows = [
+        _draw(model, tokenizer, text, share, seq_len, seed, bos)
+        for (_, text, _), share in zip(sources, shares, strict=True)
+    ]
+    return arch.with_bos(torch.cat(windows), bos)
 
 
 def training_and_validation(
@@ -132,20 +153,21 @@ def training_and_validation(
     seed: int,
     bos: int | None = None,
     per_source: int = 1,
+    model: nn.Module | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Training windows ``(steps, seq_len)`` shared among the sources by weight, and ``per_source``
-    validation windows of each source, by name.
+    validation windows of each source, by name (``self``: sampled by the dense ``model``).
 
     Each source's training and validation windows are drawn together, so they are distinct slots of
-    its tokens (disjoint whenever the text holds ``share + per_source`` windows), then split at
-    random: healing decides on text it did not train on.
+    its tokens (disjoint whenever the text holds ``share + per_source`` windows; distinct samples for
+    ``self``), then split at random: healing decides on text it did not train on.
     """
     sources = calibration_texts(tokenizer, config, calibration_text)
     shares = window_shares([weight for _, _, weight in sources], steps)
     generator = torch.Generator().manual_seed(seed)
     training, validation = [], {}
     for (name, text, _), share in zip(sources, shares, strict=True):
-        drawn = token_windows(tokenizer, text, share + per_source, seq_len, seed)
+        drawn = _draw(model, tokenizer, text, share + per_source, seq_len, seed, bos)
         order = torch.randperm(len(drawn), generator=generator)
         validation[name] = arch.with_bos(drawn[order[:per_source]], bos)
         training.append(drawn[order[per_source:]])

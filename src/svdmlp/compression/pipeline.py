@@ -97,7 +97,8 @@ def collect_calibration(
 ) -> Calibration:
     """Collect the Grams :func:`compress` needs for ``config`` (any keep) from the dense ``model``."""
     spec = arch.of_model(model)
-    windows = config_windows(tokenizer, config, calibration_text, bos=arch.bos_token_id(spec, tokenizer))
+    bos = arch.bos_token_id(spec, tokenizer)
+    windows = config_windows(tokenizer, config, calibration_text, bos=bos, model=model)
     indices = _layers_to_compress(model, spec, config)[2]
     return Calibration.collect(
         model, spec, windows, indices, progress, source_weights(config, calibration_text)
@@ -137,8 +138,13 @@ def compress(
 
     bos = arch.bos_token_id(spec, tokenizer)  # calibrate on what the model sees at run time
 
+    drawn = {}  # each set of windows drawn once: the calibration windows serve two steps
+
     def windows(count: int | None = None, seq_len: int | None = None, seed: int | None = None):
-        return config_windows(tokenizer, config, calibration_text, count, seq_len, seed, bos)
+        key = (count, seq_len, seed)
+        if key not in drawn:  # always before any layer is factorised: ``self`` samples the dense model
+            drawn[key] = config_windows(tokenizer, config, calibration_text, count, seq_len, seed, bos, model)
+        return drawn[key]
 
     grams, calibration_info = {}, {}
     calibrated = time.perf_counter()
@@ -225,9 +231,18 @@ def _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, b
     """Run :func:`distill.distill` on windows of its own (training and, per calibration source,
     validation windows disjoint from them); what the report records of it."""
     lora = config.lora
-    training, validation = training_and_validation(
-        tokenizer, config, calibration_text, lora.steps, lora.seq_len, config.seed + 1, bos, HEAL_VALIDATION
-    )
+    with teacher.active():  # ``self`` windows are sampled by the dense model
+        training, validation = training_and_validation(
+            tokenizer,
+            config,
+            calibration_text,
+            lora.steps,
+            lora.seq_len,
+            config.seed + 1,
+            bos,
+            HEAL_VALIDATION,
+            model,
+        )
     result = distill.distill(model, teacher, training, validation, lora, progress=progress)
     return {
         "method": "lora",

@@ -161,6 +161,7 @@ def test_compress_with_lora_records_the_healing(tokenizer, method):
 def test_cli_heal_lora_reaches_the_checkpoint(model_dir, text_file, tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["compress", model_dir, "--calib", text_file, "--out", out, "--align", "8", "--keep", "0.5"]
+    argv += ["--effort", "fast"]
     argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--heal", "lora", "--heal-steps", "3"]
     argv += ["--heal-lr", "0.001", "--heal-seq-len", "16"]
     assert main([str(a) for a in argv]) == 0
