@@ -175,7 +175,20 @@ def tiny_checkpoint(root, tokenizer, keep: float = 0.5):
     text = root / "text.txt"
     text.write_text(SAMPLE_TEXT, encoding="utf-8")
     ckpt = root / "ckpt"
-    argv = ["compress", model_dir, "--keep", keep, "--align", 8, "--calib", text, "--effort", "fast"]
+    argv = [
+        "compress",
+        model_dir,
+        "--keep",
+        keep,
+        "--align",
+        8,
+        "--calib",
+        text,
+        "--effort",
+        "fast",
+        "--method",
+        "whiten",
+    ]
     argv += ["--calib-samples", 4, "--calib-seq-len", 32, "--out", ckpt]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: False)

@@ -9,7 +9,7 @@ from svdmlp.arch import PROJECTIONS
 from svdmlp.compression.ranks import check_keep
 
 FORMAT_VERSION = 1
-METHODS = ("whiten", "svd")
+METHODS = ("whiten", "fisher", "svd")
 ALLOCATIONS = ("uniform", "budget")
 HEALS = ("none", "closed-form", "lora", "closed-form+lora")
 RECIPE_OPTIONS = ("sequential", "allocate", "closed-form", "lora")
@@ -20,6 +20,7 @@ class Effort:
     """A named compression budget: the recipe and token budgets ``svdmlp compress --effort NAME`` uses
     for every option not given explicitly. Times are SmolLM2-135M's on 2 CPU cores (BENCHMARKS.md)."""
 
+    method: str
     allocation: str
     sequential: bool
     heal: str
@@ -30,9 +31,16 @@ class Effort:
 
 EFFORTS = {
     "fast": Effort(
-        "uniform", False, "none", 32, 48, "one-shot whitened SVD: about 2 minutes for SmolLM2-135M on 2 cores"
+        "fisher",
+        "uniform",
+        False,
+        "none",
+        32,
+        48,
+        "one-shot whitened SVD: about 2 minutes for SmolLM2-135M on 2 cores",
     ),
     "default": Effort(
+        "fisher",
         "budget",
         True,
         "closed-form+lora",
@@ -41,6 +49,7 @@ EFFORTS = {
         "allocation, sequential calibration, closed-form and 16 distillation steps: within 10 minutes",
     ),
     "thorough": Effort(
+        "fisher",
         "budget",
         True,
         "closed-form+lora",
@@ -149,7 +158,10 @@ class CompressConfig:
         keep: fraction of each MLP matrix's parameters kept, in (0, 1]. The NeuronMLP paper's
             "compression ratio" is ``1 - keep``.
         align: ranks are multiples of this (tensor cores want 16; the paper used 128).
-        method: ``"whiten"`` (activation-aware SVD on calibration data) or ``"svd"`` (plain SVD).
+        method: ``"whiten"`` (activation-aware SVD on calibration data), ``"fisher"`` (the same,
+            the error also weighted by the dense model's output-gradient Fisher Gram of each
+            projection: the loss increase to second order, see
+            :mod:`svdmlp.compression.output_grams`) or ``"svd"`` (plain SVD).
         calibration: the calibration text and token budget (unused by ``"svd"``).
         seed: seeds the choice of calibration windows.
         targets: which projections of each MLP to factorise.
@@ -192,9 +204,9 @@ class CompressConfig:
             raise ValueError(f"sequential must be true or false, got {self.sequential!r}")
         if self.heal not in HEALS:
             raise ValueError(f"unknown heal {self.heal!r}; expected one of {HEALS}")
-        if self.method != "whiten" and self.sequential:
+        if not self.needs_calibration and self.sequential:
             # It acts on calibration activations, which plain SVD never collects.
-            raise ValueError(f"sequential needs method 'whiten', got method {self.method!r}")
+            raise ValueError(f"sequential needs method 'whiten' or 'fisher', got method {self.method!r}")
         if self.heals_closed_form and not self.sequential:
             # The refit needs the MLP's inputs themselves (the compressed gate/up outputs are a
             # nonlinear function of them), which only the layer-by-layer pass keeps.
@@ -225,7 +237,12 @@ class CompressConfig:
 
     @property
     def needs_calibration(self) -> bool:
-        return self.method == "whiten"
+        return self.method in ("whiten", "fisher")
+
+    @property
+    def needs_output_grams(self) -> bool:
+        """Whether the dense model's output-gradient Grams weight the factorisation."""
+        return self.method == "fisher"
 
     @property
     def needs_dense_grams(self) -> bool:

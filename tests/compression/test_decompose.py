@@ -113,3 +113,146 @@ def test_whitening_is_the_symmetric_root_of_the_gram():
     root = whitening.matrix()
     torch.testing.assert_close(root, root.T)
     torch.testing.assert_close(root @ root, gram, rtol=1e-8, atol=1e-6)
+
+
+# Two-sided (output-aware) factorisation: ‖S_out·(W − VU)·S_in‖_F.
+
+
+def _two_sided_error(w, factors, input_gram, output_gram):
+    return decompose.weighted_relative_error(w, factors, input_gram, output_gram)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_sided_is_never_worse_than_input_whitening_on_its_own_objective(seed):
+    w = _random_weight(seed=seed)
+    input_gram, output_gram = _correlated_gram(40, seed=seed + 10), _correlated_gram(48, seed=seed + 20)
+    whitening, output = decompose.Whitening.from_gram(input_gram), decompose.Whitening.from_gram(output_gram)
+    for rank in (4, 8, 16, 32):
+        two_sided = _two_sided_error(
+            w, decompose.two_sided_svd(w, whitening, output, rank), input_gram, output_gram
+        )
+        whitened = _two_sided_error(w, decompose.whitened_svd(w, whitening, rank), input_gram, output_gram)
+        assert two_sided <= whitened * (1 + 1e-9), (rank, two_sided, whitened)
+        if rank < 32:
+            assert two_sided < 0.9 * whitened, (rank, two_sided, whitened)  # a correlated G_out matters
+
+
+def test_two_sided_is_optimal_against_perturbed_factors():
+    w, input_gram, output_gram = _random_weight(), _correlated_gram(40), _correlated_gram(48, seed=7)
+    whitening, output = decompose.Whitening.from_gram(input_gram), decompose.Whitening.from_gram(output_gram)
+    best_factors = decompose.two_sided_svd(w, whitening, output, 8)
+    best = _two_sided_error(w, best_factors, input_gram, output_gram)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(5):
+        u = best_factors.u + 1e-3 * best_factors.u.abs().mean() * torch.randn(
+            best_factors.u.shape, generator=g
+        )
+        v = best_factors.v + 1e-3 * best_factors.v.abs().mean() * torch.randn(
+            best_factors.v.shape, generator=g
+        )
+        assert _two_sided_error(w, decompose.Factors(u=u, v=v), input_gram, output_gram) >= best
+
+
+@pytest.mark.parametrize("scale", [1.0, 37.0])
+def test_two_sided_with_a_uniform_output_gram_is_input_whitening(scale):
+    w, input_gram = _random_weight(), _correlated_gram(40)
+    whitening = decompose.Whitening.from_gram(input_gram)
+    output = decompose.Whitening.from_gram(scale * torch.eye(48, dtype=torch.float64))
+    for rank in (5, 12):
+        a = decompose.whitened_svd(w, whitening, rank)
+        b = decompose.two_sided_svd(w, whitening, output, rank)
+        torch.testing.assert_close(
+            b.v.double() @ b.u.double(), a.v.double() @ a.u.double(), atol=1e-5, rtol=1e-5
+        )
+
+
+def test_heavy_damping_tends_to_input_whitening():
+    w, input_gram, output_gram = _random_weight(), _correlated_gram(40), _correlated_gram(48, seed=7)
+    whitening = decompose.Whitening.from_gram(input_gram)
+    output = decompose.Whitening.from_gram(output_gram)
+    reference = decompose.whitened_svd(w, whitening, 8)
+    distances = []
+    for damping in (0.0, 1.0, 1e6):
+        factors = decompose.two_sided_svd(w, whitening, output.damped(damping), 8)
+        distances.append(
+            float(
+                (factors.v.double() @ factors.u.double() - reference.v.double() @ reference.u.double()).norm()
+            )
+        )
+    assert distances[0] > distances[1] > distances[2] and distances[2] < 1e-4 * float(w.norm())
+
+
+def test_damped_whitening_is_the_root_of_the_damped_gram():
+    gram = _correlated_gram(12)
+    for damping in (0.0, 0.1, 3.0):
+        damped = decompose.Whitening.from_gram(gram, floor=0.0).damped(damping)
+        expected = decompose.damped_gram(gram, damping)
+        torch.testing.assert_close(damped.matrix() @ damped.matrix(), expected, rtol=1e-8, atol=1e-6)
+    torch.testing.assert_close(
+        decompose.damped_gram(gram, 0.5).diagonal().mean(), 1.5 * gram.diagonal().mean()
+    )
+    with pytest.raises(ValueError, match="damping"):
+        decompose.damped_gram(gram, -1.0)
+    with pytest.raises(ValueError, match="damping"):
+        decompose.Whitening.from_gram(gram).damped(-1.0)
+
+
+def test_full_rank_two_sided_reproduces_the_weight():
+    w = _random_weight()
+    whitening = decompose.Whitening.from_gram(_correlated_gram(40))
+    output = decompose.Whitening.from_gram(_correlated_gram(48, seed=3))
+    factors = decompose.two_sided_svd(w, whitening, output, 40)
+    assert factors.u.shape == (40, 40) and factors.v.shape == (48, 40)
+    torch.testing.assert_close((factors.v @ factors.u).double(), w, atol=1e-4, rtol=1e-4)
+
+
+def test_two_sided_spectrum_tail_is_its_error():
+    w, input_gram, output_gram = _random_weight(), _correlated_gram(40), _correlated_gram(48, seed=4)
+    decomposition = decompose.Decomposition.of(
+        w,
+        decompose.Whitening.from_gram(input_gram, floor=0.0),
+        decompose.Whitening.from_gram(output_gram, floor=0.0),
+    )
+    energy = decomposition.energy
+    for rank in (3, 20):
+        expected = (energy[rank:].sum() / energy.sum()).sqrt()
+        error = _two_sided_error(w, decomposition.factors(rank), input_gram, output_gram)
+        assert error == pytest.approx(float(expected), rel=1e-4)
+
+
+def test_output_only_weighting_is_optimal_for_its_objective():
+    w, output_gram = _random_weight(), _correlated_gram(48, seed=6)
+    factors = decompose.Decomposition.of(w, None, decompose.Whitening.from_gram(output_gram)).factors(8)
+    best = _two_sided_error(w, factors, None, output_gram)
+    assert best < _two_sided_error(w, decompose.plain_svd(w, 8), None, output_gram)
+    # The objective itself: tr(G_o·E·Eᵀ) / tr(G_o·W·Wᵀ).
+    err = w - factors.v.double() @ factors.u.double()
+    expected = ((output_gram @ err @ err.T).trace() / (output_gram @ w @ w.T).trace()).sqrt()
+    assert best == pytest.approx(float(expected), rel=1e-9)
+
+
+def test_two_sided_handles_singular_grams_on_both_sides():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(100, 40, generator=g, dtype=torch.float64)
+    x[:, 20:] = 0.0  # dead input channels
+    grads = torch.randn(30, 48, generator=g, dtype=torch.float64)  # fewer tokens than outputs: rank 30
+    whitening = decompose.Whitening.from_gram(x.T @ x)
+    output = decompose.Whitening.from_gram(grads.T @ grads)
+    w = _random_weight()
+    factors = decompose.two_sided_svd(w, whitening, output, 8)
+    assert torch.isfinite(factors.u).all() and torch.isfinite(factors.v).all()
+    full = decompose.two_sided_svd(w, whitening, output, 40)
+    torch.testing.assert_close((full.v @ full.u).double(), w, atol=1e-3, rtol=1e-3)
+
+
+def test_existing_decomposition_api_is_unchanged_without_an_output():
+    w, gram = _random_weight(), _correlated_gram(40)
+    whitening = decompose.Whitening.from_gram(gram)
+    decomposition = decompose.Decomposition.of(w, whitening)
+    assert decomposition.output is None
+    a = decompose.Decomposition.of_rotated((w @ whitening.basis) * whitening.root, whitening).factors(7)
+    b = decomposition.factors(7)
+    torch.testing.assert_close(a.v @ a.u, b.v @ b.u)
+    assert decompose.weighted_relative_error(w, b, gram) == decompose.weighted_relative_error(
+        w, b, gram, None
+    )

@@ -179,3 +179,38 @@ def test_allocation_and_healing_work_with_any_mixture(tokenizer, tmp_path):
     assert report.allocation
     assert pipeline.probe_shape(3, 512) == (3, 170) and pipeline.probe_shape(1, 512) == (2, 256)
     assert pipeline.probe_shape(12, 512) == (12, 64) and pipeline.probe_shape(2, 32) == (2, 32)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"sequential": True, "heal": "closed-form"}, {"allocation": "budget", "sequential": True}],
+)
+def test_fisher_weights_every_factorisation_by_the_dense_output_gradients(tokenizer, options, monkeypatch):
+    from svdmlp.compression import calibration
+
+    collected = count_calls(monkeypatch, calibration, "collect_output_grams")
+    whitened = tiny_model("llama")
+    _compress(whitened, tokenizer, method="whiten", **options)
+    assert collected == []
+    fisher = tiny_model("llama")
+    report = _compress(fisher, tokenizer, method="fisher", **options)
+    assert len(collected) == 1  # the dense model's, once, whatever the recipe
+    assert report.error_metric == "activation-weighted" and all(
+        layer.status == "compressed" for layer in report.layers
+    )
+    for a, b in zip(_mlps(whitened), _mlps(fisher), strict=True):
+        assert not torch.allclose(a.gate_v_t, b.gate_v_t)  # other factors: the loss weighs the outputs
+
+
+def test_a_shared_calibration_without_output_grams_is_refused_for_fisher(tokenizer):
+    calibration = pipeline.collect_calibration(
+        tiny_model("llama"),
+        tokenizer,
+        CompressConfig(align=8, calibration=CALIB),
+        SAMPLE_TEXT,
+        progress=False,
+    )
+    assert calibration.outputs == {}
+    config = CompressConfig(keep=0.5, align=8, method="fisher", calibration=CALIB)
+    with pytest.raises(ValueError, match="no output-gradient Grams, which method 'fisher' needs"):
+        pipeline.compress(tiny_model("llama"), tokenizer, config, progress=False, calibration=calibration)

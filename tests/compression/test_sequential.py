@@ -7,6 +7,7 @@ from conftest import ARCH_CONFIGS, SAMPLE_TEXT, tiny_model
 from svdmlp import arch, checkpoint
 from svdmlp.cli import main
 from svdmlp.compression import calibration, factorise, pipeline, sequential
+from svdmlp.compression import gram as gram_module
 from svdmlp.config import CalibrationSpec, CompressConfig
 
 CALIB = CalibrationSpec("unused: text passed directly", num_samples=4, seq_len=32)
@@ -95,7 +96,7 @@ def test_inputs_are_handed_over_for_closed_form_healing(tokenizer):
         assert sum(x.numel() // x.shape[-1] for x in inputs) == 4 * 32
         gram = torch.zeros_like(grams.gate_up)
         for x in inputs:
-            calibration.accumulate_gram(gram, x)
+            gram_module.accumulate_gram(gram, x)
         torch.testing.assert_close(gram, grams.gate_up)
 
 
@@ -119,7 +120,7 @@ def test_config_round_trip_and_validation():
         CompressConfig(sequential="yes")
     with pytest.raises(ValueError, match="unknown heal 'gradient'"):
         CompressConfig(heal="gradient")
-    with pytest.raises(ValueError, match="needs method 'whiten', got method 'svd'"):
+    with pytest.raises(ValueError, match="needs method 'whiten' or 'fisher', got method 'svd'"):
         CompressConfig(method="svd", sequential=True)
 
 

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from svdmlp.cli import options
-from svdmlp.config import EFFORTS, HEALS, CalibrationSpec, CompressConfig, LoraSpec
+from svdmlp.config import EFFORTS, HEALS, METHODS, CalibrationSpec, CompressConfig, LoraSpec
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -16,7 +16,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--keep", type=float, default=0.8, help="fraction of MLP parameters kept, in (0, 1] (default 0.8)"
     )
     p.add_argument(
-        "--method", choices=("whiten", "svd"), default="whiten", help="activation-aware (whiten) or plain SVD"
+        "--method",
+        choices=METHODS,
+        default=None,
+        help="whiten: activation-aware SVD; fisher: the same, the error also weighted by the dense model's "
+        "output-gradient (Fisher) Grams; svd: plain SVD (default: as --effort says)",
     )
     options.add_calibration(p, samples=None)
     p.add_argument("--seed", type=int, default=0, help="seeds the choice of calibration windows (default 0)")
@@ -81,7 +85,8 @@ def config(args: argparse.Namespace) -> CompressConfig:
     closed-form healing (which need it) do not apply; options given explicitly always do.
     """
     effort = EFFORTS[args.effort]
-    whiten = args.method == "whiten"
+    method = effort.method if args.method is None else args.method
+    whiten = method != "svd"
     heal = args.heal
     if heal is None:
         heal = effort.heal if whiten else ("lora" if "lora" in effort.heal.split("+") else "none")
@@ -92,7 +97,7 @@ def config(args: argparse.Namespace) -> CompressConfig:
     return CompressConfig(
         keep=args.keep,
         align=args.align,
-        method=args.method,
+        method=method,
         calibration=CalibrationSpec(args.calib, samples, args.calib_seq_len),
         seed=args.seed,
         targets=args.targets,

@@ -29,7 +29,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         type=options.comma_list(),
         default=("whiten", "svd"),
         metavar="RECIPE[,RECIPE]",
-        help="whiten, svd, or either followed by +OPTION for each of "
+        help="whiten, fisher, svd, or one of them followed by +OPTION for each of "
         f"{', '.join(RECIPE_OPTIONS)} (compress's flags), e.g. whiten+sequential+closed-form+lora; "
         "every recipe runs at every keep (default whiten,svd)",
     )

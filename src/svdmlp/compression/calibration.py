@@ -18,12 +18,18 @@ from tqdm.auto import tqdm
 
 from svdmlp import arch, corpora
 from svdmlp.compression import decompose
+from svdmlp.compression.gram import accumulate_gram
+from svdmlp.compression.output_grams import OutputGrams, collect_output_grams
 from svdmlp.compression.self_calibration import self_windows
 from svdmlp.config import CompressConfig
 from svdmlp.engine import Engine
 
 # Windows the dense model samples at once for ``self`` calibration.
 SELF_BATCH = 8
+# The output-gradient Gram G of the ``fisher`` method is used as G + 0.1·mean(diag G)·I: chosen on
+# validation windows of the calibration texts (0, 0.1, 1) on SmolLM2-135M; 0.1 and 0 differ by 2%
+# in held-out perplexity ratio, both far from input whitening alone (BENCHMARKS.md).
+FISHER_DAMPING = 0.1
 
 
 def token_windows(tokenizer, text: str, num_samples: int, seq_len: int, seed: int) -> torch.Tensor:
@@ -182,7 +188,8 @@ def tokens_hash(tokens: torch.Tensor) -> str:
 
 @dataclass
 class LayerGrams:
-    """Float64 Gram matrices of one MLP's inputs: ``gate_up`` (hidden²) and ``down`` (inter²).
+    """Float64 Gram matrices of one MLP's inputs: ``gate_up`` (hidden²) and ``down`` (inter²), and,
+    for the ``fisher`` method, the dense model's output-gradient Grams of the layer (``outputs``).
 
     Each Gram's whitening is computed once, when first asked for, and kept with it: the allocation
     probe and the compression of a layer, and every keep of a sweep, share one eigendecomposition
@@ -192,6 +199,7 @@ class LayerGrams:
     gate_up: torch.Tensor
     down: torch.Tensor
     tokens: int = 0
+    outputs: OutputGrams | None = None
     _whitenings: dict[str, decompose.Whitening] = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
@@ -210,6 +218,12 @@ class LayerGrams:
             self._whitenings[key] = decompose.Whitening.from_gram(getattr(self, key))
         return self._whitenings[key]
 
+    def decomposition(self, weight: torch.Tensor, projection: str) -> decompose.Decomposition:
+        """The SVD of ``projection``'s weight whitened by its input Gram and, with ``outputs``, weighted
+        by its output-gradient Gram (damped by :data:`FISHER_DAMPING`) on the left."""
+        output = None if self.outputs is None else self.outputs.whitening(projection, FISHER_DAMPING)
+        return decompose.Decomposition.of(weight, self.whitening(projection), output)
+
     @classmethod
     def zeros(cls, hidden: int, inter: int, device) -> LayerGrams:
         """Empty accumulators for an MLP of width ``hidden`` and intermediate size ``inter``."""
@@ -221,32 +235,6 @@ class LayerGrams:
 
 class _LastLayerDone(Exception):
     """Raised by a hook once the last calibrated MLP has run: the rest of the forward is wasted work."""
-
-
-# XᵀX is symmetric: computing only the block upper triangle (then mirroring it) over 4 column
-# blocks does 10/16 of the GEMM work. Measured on 2 cores for a (2048, 1536) batch: 0.093 s vs
-# 0.141 s for the full product (2 blocks 0.111 s, 6 blocks 0.095 s); about 13 s of SmolLM2's
-# 32×512-token calibration.
-GRAM_BLOCKS = 4
-
-
-def symmetric_gram(x: torch.Tensor, blocks: int = GRAM_BLOCKS) -> torch.Tensor:
-    """``xᵀx`` for ``x (tokens, d)``, computing each off-diagonal block once."""
-    d = x.shape[1]
-    edges = [d * i // blocks for i in range(blocks + 1)]
-    gram = x.new_empty(d, d)
-    for start, stop in zip(edges[:-1], edges[1:], strict=True):
-        strip = x[:, start:stop].T @ x[:, start:]  # (stop - start, d - start)
-        gram[start:stop, start:] = strip
-        gram[start:, start:stop] = strip.T
-    return gram
-
-
-def accumulate_gram(target: torch.Tensor, x: torch.Tensor) -> None:
-    """Add ``xᵀx`` of a batch of activations ``x (..., d)`` into the float64 accumulator ``target (d, d)``."""
-    flat = x.detach().reshape(-1, x.shape[-1]).float()
-    # One batch's XᵀX in fp32 (fast GEMM, error ~1e-6 relative), accumulated across batches in fp64.
-    target += symmetric_gram(flat).to(torch.float64)
 
 
 @torch.no_grad()
@@ -311,6 +299,7 @@ class Calibration:
     tokens: int
     sha256: str
     sources: list[list] = field(default_factory=list)  # [name, weight] of each text the windows came from
+    outputs: dict[int, OutputGrams] = field(default_factory=dict)  # the fisher method's, by layer
 
     @classmethod
     def collect(
@@ -321,10 +310,21 @@ class Calibration:
         indices: list[int],
         progress: bool = True,
         sources: list[list] = (),
+        fisher: bool = False,
+        seed: int = 0,
     ) -> Calibration:
-        """The dense model's Grams of layers ``indices`` on ``windows`` (drawn from ``sources``)."""
+        """The dense model's Grams of layers ``indices`` on ``windows`` (drawn from ``sources``); with
+        ``fisher``, also the output-gradient Grams (a forward and backward pass per window, the
+        model's own predictions sampled with ``seed``), attached to each layer's input Grams."""
         grams = collect_grams(model, spec, windows, indices, progress=progress)
-        return cls(grams, windows.numel(), tokens_hash(windows), [list(s) for s in sources])
+        outputs = (
+            collect_output_grams(model, spec, windows, indices, seed=seed, progress=progress)
+            if fisher
+            else {}
+        )
+        for index, entry in outputs.items():
+            grams[index].outputs = entry
+        return cls(grams, windows.numel(), tokens_hash(windows), [list(s) for s in sources], outputs)
 
     @property
     def info(self) -> dict:

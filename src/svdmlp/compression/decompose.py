@@ -4,6 +4,12 @@ Nothing here knows about modules, hooks or files: tensors and ints in, tensors a
 rank to cut at is :mod:`svdmlp.compression.ranks`'s business.
 
 Conventions: a projection ``W (out, in)`` is approximated by ``V (out, r) @ U (r, in)``.
+
+Two-sided (output-aware) weighting: with an output Gram ``G_out ≈ E[g·gᵀ]`` (``g`` the loss gradient
+at the projection's output, :mod:`svdmlp.compression.output_grams`) besides the input Gram ``XᵀX``,
+``Decomposition.of(W, input_whitening, output=output_whitening)`` minimises ``‖S_out·(W − VU)·S_in‖_F``,
+the Kronecker-factored (K-FAC) second-order estimate of the loss increase, instead of the output error
+``‖(W − VU)·Xᵀ‖_F`` that weighs every output direction alike.
 """
 
 from __future__ import annotations
@@ -61,50 +67,95 @@ class Whitening:
         """``S`` itself (for tests and diagnostics; the factorisation never forms it)."""
         return (self.basis * self.root) @ self.basis.T
 
+    def damped(self, damping: float) -> Whitening:
+        """The whitening of :func:`damped_gram` ``(G, damping)`` from this one's eigenbasis, without a
+        second eigendecomposition: ``G + δ·I`` has ``G``'s eigenvectors and eigenvalues ``λ + δ``.
 
-def _rotated(weight: torch.Tensor, whitening: Whitening | None) -> torch.Tensor:
-    """``W·Q·diag(r)`` in float64: ``W·S`` up to an orthogonal rotation (``W`` itself without whitening)."""
+        ``δ = damping·mean(λ)`` (the mean diagonal of ``G``), from the floored eigenvalues: it differs
+        from damping the exact Gram only by the floor (at most ``floor·λ_max`` per eigenvalue).
+        """
+        if damping < 0:
+            raise ValueError(f"damping must be >= 0, got {damping}")
+        eigenvalues = self.root.square()
+        return Whitening(self.basis, (eigenvalues + damping * eigenvalues.mean()).sqrt())
+
+
+def damped_gram(gram: torch.Tensor, damping: float) -> torch.Tensor:
+    """``G + damping·mean(diag G)·I`` in float64: a blend of ``G`` with the identity at ``G``'s own scale.
+
+    The weighting it defines runs from ``G`` itself (``damping = 0``) to uniform (``damping → ∞``):
+    for an output Gram, from pure loss-gradient weighting to plain input whitening. The output Gram of
+    a few thousand calibration tokens is noisy, and its small eigenvalues are the least reliable;
+    damping raises them all by the same amount.
+    """
+    if damping < 0:
+        raise ValueError(f"damping must be >= 0, got {damping}")
+    g = gram.detach().to(torch.float64)
+    return g + damping * g.diagonal().mean() * torch.eye(g.shape[0], dtype=g.dtype, device=g.device)
+
+
+def _rotated(
+    weight: torch.Tensor, whitening: Whitening | None, output: Whitening | None = None
+) -> torch.Tensor:
+    """``W·Q·diag(r)`` in float64: ``W·S`` up to an orthogonal rotation (``W`` itself without whitening);
+    with an output whitening ``(Q_o, r_o)`` also ``diag(r_o)·Q_oᵀ`` on the left."""
     w = weight.detach().to(torch.float64)
-    return w if whitening is None else (w @ whitening.basis) * whitening.root
+    if whitening is not None:
+        w = (w @ whitening.basis) * whitening.root
+    if output is not None:
+        w = (output.basis.T @ w) * output.root[:, None]
+    return w
 
 
 @dataclass(frozen=True)
 class Decomposition:
-    """The SVD of ``W·S`` (of ``W`` itself without whitening): factors at any rank and the energy
-    spectrum, all from one SVD (rank allocation needs both for the same matrix)."""
+    """The SVD of ``W·S`` (of ``W`` itself without whitening; of ``S_out·W·S`` with an output
+    whitening): factors at any rank and the energy spectrum, all from one SVD (rank allocation needs
+    both for the same matrix)."""
 
-    left: torch.Tensor  # (out, k)
+    left: torch.Tensor  # (out, k), in the output whitening's basis when output-whitened
     sigma: torch.Tensor  # (k,), descending
     right_h: torch.Tensor  # (k, in), in the whitening's basis when whitened
     whitening: Whitening | None = None
+    output: Whitening | None = None
 
     @classmethod
-    def of(cls, weight: torch.Tensor, whitening: Whitening | None = None) -> Decomposition:
-        return cls.of_rotated(_rotated(weight, whitening), whitening)
+    def of(
+        cls, weight: torch.Tensor, whitening: Whitening | None = None, output: Whitening | None = None
+    ) -> Decomposition:
+        """The SVD of ``W`` weighted by the input ``whitening`` on the right and, when given, by the
+        ``output`` whitening (the root of the output-gradient Gram) on the left."""
+        return cls.of_rotated(_rotated(weight, whitening, output), whitening, output)
 
     @classmethod
-    def of_rotated(cls, rotated: torch.Tensor, whitening: Whitening | None) -> Decomposition:
+    def of_rotated(
+        cls, rotated: torch.Tensor, whitening: Whitening | None, output: Whitening | None = None
+    ) -> Decomposition:
         """From ``A = W·Q·diag(r)`` formed by the caller (who may reach ``A`` more cheaply than
-        through ``W``, see :mod:`svdmlp.compression.heal.closed_form`)."""
+        through ``W``, see :mod:`svdmlp.compression.heal.closed_form`); ``diag(r_o)·Q_oᵀ·W·Q·diag(r)``
+        with an ``output`` whitening."""
         # Float64 throughout: dividing by small roots in factors() amplifies any SVD rounding (a
         # float32 SVD perturbed full-rank reconstructions by 1e-2 relative in low-activation directions).
         left, sigma, right_h = torch.linalg.svd(rotated, full_matrices=False)
-        return cls(left, sigma, right_h, whitening)
+        return cls(left, sigma, right_h, whitening, output)
 
     @property
     def energy(self) -> torch.Tensor:
         """Squared singular values, descending: the truncation error of rank r, activation-weighted
-        when whitened, is the sum of the tail."""
+        when whitened (and loss-gradient-weighted when output-whitened), is the sum of the tail."""
         return self.sigma.square()
 
     def factors(self, rank: int) -> Factors:
         """The rank-``rank`` truncation with the singular values split as √Σ on each side (the
-        paper's code), mapped back through ``S⁻¹ = Q·diag(1/r)·Qᵀ`` when whitened."""
+        paper's code), mapped back through ``S⁻¹ = Q·diag(1/r)·Qᵀ`` when whitened, and through
+        ``S_out⁻¹`` on the left when output-whitened."""
         scale = self.sigma[:rank].sqrt()
         v = self.left[:, :rank] * scale  # (out, r)
         u = scale[:, None] * self.right_h[:rank]  # (r, in)
         if self.whitening is not None:
             u = (u / self.whitening.root) @ self.whitening.basis.T
+        if self.output is not None:
+            v = self.output.basis @ (v / self.output.root[:, None])
         return Factors(u=u.float(), v=v.float())
 
 
@@ -125,17 +176,39 @@ def whitened_svd(weight: torch.Tensor, whitening: Whitening, rank: int) -> Facto
     return Decomposition.of(weight, whitening).factors(rank)
 
 
-def weighted_relative_error(weight: torch.Tensor, factors: Factors, gram: torch.Tensor | None) -> float:
+def two_sided_svd(weight: torch.Tensor, whitening: Whitening | None, output: Whitening, rank: int) -> Factors:
+    """Output-aware SVD: the rank-``rank`` factors minimising ``‖S_out·(W − V·U)·S_in‖_F``.
+
+    With ``S_in² = XᵀX`` (``whitening``) and ``S_out² = G_out ≈ E[g·gᵀ]`` (``output``, ``g`` the loss
+    gradient at the projection's output), ``tr(G_out·E·XᵀX·Eᵀ)`` is the Kronecker-factored estimate of
+    the loss increase that the weight error ``E`` causes, to second order. Both roots are symmetric
+    and invertible (eigenvalues floored), so ``E' = S_out·E·S_in`` is a bijection of the error and the
+    best rank-r approximation of ``S_out·W·S_in``, mapped back by ``S_out⁻¹`` and ``S_in⁻¹``, is optimal
+    (Eckart-Young). ``G_out ∝ I`` gives :func:`whitened_svd` exactly.
+    """
+    return Decomposition.of(weight, whitening, output).factors(rank)
+
+
+def weighted_relative_error(
+    weight: torch.Tensor,
+    factors: Factors,
+    gram: torch.Tensor | None,
+    output_gram: torch.Tensor | None = None,
+) -> float:
     """Relative output error on the calibration activations, ``‖(W − VU)Xᵀ‖_F / ‖WXᵀ‖_F``.
 
     Computed from the Gram matrix as ``sqrt(tr(E·G·Eᵀ) / tr(W·G·Wᵀ))``; with ``gram=None`` it is the
-    plain relative Frobenius error of the weight.
+    plain relative Frobenius error of the weight. With an ``output_gram`` ``G_o`` it is the two-sided
+    error ``sqrt(tr(G_o·E·G·Eᵀ) / tr(G_o·W·G·Wᵀ))`` (:func:`two_sided_svd`'s objective).
     """
     w = weight.detach().to(torch.float64)
     err = w - factors.v.to(torch.float64) @ factors.u.to(torch.float64)
-    if gram is None:
+    if gram is None and output_gram is None:
         return float(err.norm() / w.norm())
-    g = gram.to(torch.float64)
-    num = ((err @ g) * err).sum()
-    den = ((w @ g) * w).sum()
-    return float((num.clamp(min=0) / den).sqrt())
+
+    def weighted_square(m: torch.Tensor) -> torch.Tensor:
+        right = m if gram is None else m @ gram.to(torch.float64)
+        left = m if output_gram is None else output_gram.to(torch.float64) @ m
+        return (left * right).sum()
+
+    return float((weighted_square(err).clamp(min=0) / weighted_square(w)).sqrt())

@@ -19,8 +19,9 @@ from svdmlp.compression.report import LayerRecord, ProjectionRecord
 
 
 def decomposition(weight: torch.Tensor, grams: LayerGrams | None, name: str) -> Decomposition:
-    """Whitened by projection ``name``'s input Gram when the layer has calibration, plain otherwise."""
-    return Decomposition.of(weight, None if grams is None else grams.whitening(name))
+    """Weighted by projection ``name``'s calibration statistics when the layer has them (see
+    :meth:`LayerGrams.decomposition`), plain otherwise."""
+    return Decomposition.of(weight) if grams is None else grams.decomposition(weight, name)
 
 
 def _projection(weight: torch.Tensor, factors: Factors | None = None):

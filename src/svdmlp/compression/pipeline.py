@@ -100,9 +100,13 @@ def collect_calibration(
     bos = arch.bos_token_id(spec, tokenizer)
     windows = config_windows(tokenizer, config, calibration_text, bos=bos, model=model)
     indices = _layers_to_compress(model, spec, config)[2]
-    return Calibration.collect(
-        model, spec, windows, indices, progress, source_weights(config, calibration_text)
-    )
+    return _collect(model, spec, windows, indices, progress, config, calibration_text)
+
+
+def _collect(model, spec, windows, indices, progress, config, calibration_text) -> Calibration:
+    sources = source_weights(config, calibration_text)
+    fisher = config.needs_output_grams
+    return Calibration.collect(model, spec, windows, indices, progress, sources, fisher, config.seed)
 
 
 def compress(
@@ -146,16 +150,20 @@ def compress(
             drawn[key] = config_windows(tokenizer, config, calibration_text, count, seq_len, seed, bos, model)
         return drawn[key]
 
-    grams, calibration_info = {}, {}
+    grams, outputs, calibration_info = {}, {}, {}
     calibrated = time.perf_counter()
-    if config.needs_dense_grams and to_compress:
+    if (config.needs_dense_grams or config.needs_output_grams) and to_compress:
         if calibration is None:
-            sources = source_weights(config, calibration_text)
-            calibration = Calibration.collect(model, spec, windows(), to_compress, progress, sources)
+            calibration = _collect(model, spec, windows(), to_compress, progress, config, calibration_text)
         missing = sorted(set(to_compress) - set(calibration.grams))
         if missing:
             raise ValueError(f"the calibration given has no Grams for layers {missing}")
+        if config.needs_output_grams and set(to_compress) - set(calibration.outputs):
+            raise ValueError(
+                "the calibration given has no output-gradient Grams, which method 'fisher' needs"
+            )
         grams = {i: calibration.grams[i] for i in to_compress}  # popped below; the caller's dict stays
+        outputs = calibration.outputs
         calibration_info = calibration.info
     grams_used = bool(grams) or (config.sequential and bool(to_compress))
     teacher = distill.DenseTeacher(model, spec, to_compress) if config.heals_lora and to_compress else None
@@ -181,6 +189,7 @@ def compress(
         )
         for index, layer_grams, inputs in layers_in_order:
             begun = time.perf_counter()
+            layer_grams.outputs = outputs.get(index)  # the dense model's: a one-shot approximation
             done_by_index[index] = factorise.layer(model, spec, index, planned[index], layer_grams, inputs)
             factorised += time.perf_counter() - begun
         sequential_calibration = time.perf_counter() - sequential_started - factorised

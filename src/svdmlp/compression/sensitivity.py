@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from svdmlp import arch
-from svdmlp.compression import ranks
+from svdmlp.compression import factorise, ranks
 from svdmlp.compression.calibration import LayerGrams, tokens_hash
-from svdmlp.compression.decompose import Decomposition, Factors
+from svdmlp.compression.decompose import Factors
 
 
 @contextmanager
@@ -140,8 +140,7 @@ def allocate(
         factors, spectra = {}, []
         for name, rank in planned.items():
             linear = arch.dense_projection(model, spec, index, name)
-            whitening = None if index not in grams else grams[index].whitening(name)
-            decomposition = Decomposition.of(linear.weight, whitening)
+            decomposition = factorise.decomposition(linear.weight, grams.get(index), name)
             factors[name] = decomposition.factors(rank)
             spectra.append(
                 ranks.Spectrum(

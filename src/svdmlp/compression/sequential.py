@@ -26,7 +26,8 @@ import torch.nn as nn
 from tqdm.auto import tqdm
 
 from svdmlp import arch
-from svdmlp.compression.calibration import LayerGrams, accumulate_gram
+from svdmlp.compression.calibration import LayerGrams
+from svdmlp.compression.gram import accumulate_gram
 
 
 class _Captured(Exception):

@@ -100,7 +100,8 @@ def run_sweep(
             record.update(achieved_keep=1.0, compress_seconds=0.0, calibration={})
         else:
             config = replace(base.with_recipe(point.method), keep=point.keep)
-            if config.needs_dense_grams and calibration is None:
+            wants = config.needs_dense_grams or config.needs_output_grams
+            if wants and (calibration is None or (config.needs_output_grams and not calibration.outputs)):
                 log(f"[{number}/{len(points)}] collecting calibration Grams once for every keep")
                 calibration = pipeline.collect_calibration(model, tokenizer, config)
             report = pipeline.compress(model, tokenizer, config, calibration=calibration)

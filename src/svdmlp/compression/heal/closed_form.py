@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from svdmlp.activations import activate
-from svdmlp.compression.calibration import accumulate_gram
 from svdmlp.compression.decompose import Decomposition, Factors, Whitening
+from svdmlp.compression.gram import accumulate_gram
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 

@@ -1,0 +1,143 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import tiny_model
+from svdmlp import arch
+from svdmlp.compression import decompose, output_grams
+
+
+def _windows(n=3, length=16, seed=0):
+    return torch.randint(0, 300, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+def _hook_count(model) -> int:
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks) for m in model.modules()
+    )
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("loss", output_grams.LOSSES)
+def test_grams_are_symmetric_psd_and_shaped(model_type, loss):
+    model = tiny_model(model_type)
+    spec = arch.resolve(model.config.model_type)
+    grams = output_grams.collect_output_grams(model, spec, _windows(), [0, 1], loss=loss, progress=False)
+    assert set(grams) == {0, 1}
+    hidden, inter = model.config.hidden_size, model.config.intermediate_size
+    for entry in grams.values():
+        assert entry.tokens == 3 * 16
+        for name, size in (("gate", inter), ("up", inter), ("down", hidden)):
+            gram = entry.gram(name)
+            assert gram.shape == (size, size) and gram.dtype == torch.float64
+            torch.testing.assert_close(gram, gram.T, rtol=0, atol=0)
+            eigenvalues = torch.linalg.eigvalsh(gram)
+            assert eigenvalues.min() >= -1e-6 * eigenvalues.max() and eigenvalues.max() > 0
+
+
+def test_grams_equal_the_gradients_autograd_gives():
+    """The labels loss's gradients at one layer's projection outputs, captured by retain_grad."""
+    model = tiny_model("llama")
+    spec = arch.resolve(model.config.model_type)
+    windows = _windows(n=4)
+    mlp = getattr(arch.decoder_layers(model, spec)[1], spec.mlp)
+    captured = {name: [] for name in arch.PROJECTIONS}
+    outputs = {}
+
+    def keep(name):
+        def hook(module, args, output):
+            output.retain_grad()
+            outputs[name] = output
+
+        return hook
+
+    hooks = [getattr(mlp, spec.projection(n)).register_forward_hook(keep(n)) for n in arch.PROJECTIONS]
+    for batch in windows.split(2):
+        logits = model(input_ids=batch, use_cache=False).logits
+        F.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum"
+        ).backward()
+        for name in arch.PROJECTIONS:
+            captured[name].append(outputs[name].grad.reshape(-1, outputs[name].shape[-1]).double())
+    for hook in hooks:
+        hook.remove()
+    model.zero_grad(set_to_none=True)
+    grams = output_grams.collect_output_grams(
+        model, spec, windows, [1], loss="labels", batch_size=2, progress=False
+    )
+    for name in arch.PROJECTIONS:
+        g = torch.cat(captured[name])
+        expected = g.T @ g
+        torch.testing.assert_close(
+            grams[1].gram(name), expected, rtol=1e-4, atol=1e-6 * float(expected.abs().max())
+        )
+
+
+def test_the_model_is_left_as_it_was():
+    model = tiny_model("llama")
+    spec = arch.resolve(model.config.model_type)
+    frozen = model.model.layers[0].mlp.up_proj.weight
+    frozen.requires_grad_(False)  # a caller's own choice, restored as found
+    before = {name: p.requires_grad for name, p in model.named_parameters()}
+    hooks = _hook_count(model)
+    reference = model(input_ids=_windows(n=1)).logits.detach()
+    output_grams.collect_output_grams(model, spec, _windows(), [0, 1], progress=False)
+    assert {name: p.requires_grad for name, p in model.named_parameters()} == before
+    assert all(p.grad is None for p in model.parameters())
+    assert _hook_count(model) == hooks and not model.training
+    after = model(input_ids=_windows(n=1))
+    torch.testing.assert_close(after.logits.detach(), reference)
+    assert after.logits.requires_grad  # the graph starts from the weights again, not the embeddings
+
+
+def test_hooks_and_flags_are_restored_when_the_forward_fails(monkeypatch):
+    model = tiny_model("llama")
+    spec = arch.resolve(model.config.model_type)
+    hooks = _hook_count(model)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(output_grams, "_loss", fail)
+    with pytest.raises(RuntimeError, match="boom"):
+        output_grams.collect_output_grams(model, spec, _windows(), [0], progress=False)
+    assert _hook_count(model) == hooks
+    assert all(p.requires_grad and p.grad is None for p in model.parameters())
+
+
+def test_sampled_loss_is_seeded_and_differs_from_the_labels():
+    model = tiny_model("llama")
+    spec = arch.resolve(model.config.model_type)
+
+    def collect(**kwargs):
+        return output_grams.collect_output_grams(model, spec, _windows(), [1], progress=False, **kwargs)[1]
+
+    a, b, c = collect(seed=3), collect(seed=3), collect(seed=4)
+    torch.testing.assert_close(a.down, b.down, rtol=0, atol=0)
+    assert not torch.allclose(a.down, c.down)
+    assert not torch.allclose(a.down, collect(loss="labels").down)
+
+
+def test_unknown_loss_is_refused():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="loss must be one of"):
+        output_grams.collect_output_grams(model, arch.resolve("llama"), _windows(), [0], loss="kl")
+
+
+def test_whitenings_are_cached_and_damped_from_one_eigendecomposition(monkeypatch):
+    model = tiny_model("llama")
+    spec = arch.resolve(model.config.model_type)
+    entry = output_grams.collect_output_grams(model, spec, _windows(), [0], progress=False)[0]
+    calls = []
+    real = decompose.Whitening.from_gram
+    monkeypatch.setattr(decompose.Whitening, "from_gram", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plain = entry.whitening("gate")
+    assert entry.whitening("gate") is plain
+    damped = entry.whitening("gate", 0.5)
+    assert entry.whitening("gate", 0.5) is damped and len(calls) == 1
+    expected = decompose.damped_gram(entry.gate, 0.5)
+    # Up to the eigenvalue floor (48 tokens: the 96² Gram is singular).
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(damped.matrix() @ damped.matrix(), expected, rtol=1e-6, atol=1e-5 * scale)
+    entry.whitening("down", 0.5)
+    assert len(calls) == 2
