@@ -2,7 +2,8 @@
 
 1. check what to compress (layers, weights) and plan every matrix's rank with the rank rule, so that
    an impossible rank fails before any expensive work;
-2. calibrate: the dense model's activation Grams (one-shot, or for budget allocation);
+2. calibrate: the dense model's activation Grams (one-shot, or for budget allocation) and, for the
+   ``fisher`` method, its output-gradient Grams (one forward and backward pass per window);
 3. with ``--allocate``, re-plan the ranks from each layer's measured sensitivity;
 4. factorise every layer, one-shot or sequentially (each layer calibrated on the compressed layers
    before it, with closed-form healing of down if asked);

@@ -1,0 +1,56 @@
+"""A Markdown table of perplexity ratios to dense, from results scored separately under one protocol.
+
+    python benchmarks/ratio_table.py DENSE.json LABEL=RESULT.json [LABEL=RESULT.json ...]
+
+``DENSE.json`` is a sweep point (``OUT/points/dense.json``) or an ``svdmlp eval --json`` file whose
+first row is the dense model; each ``RESULT.json`` is a sweep point or an ``svdmlp eval --json`` file
+(its last row is taken, e.g. one scored with ``--no-baseline``). Every result must have scored the
+same texts as the dense one. Columns: each text's ratio, the geometric mean over the built-in held-out
+domains and over all texts, the achieved keep and the compression seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from svdmlp.corpora import HELDOUT_SOURCES
+from svdmlp.evaluate.suite import ratios_to_dense
+from svdmlp.tables import markdown_table
+
+
+def _row(path: str) -> dict:
+    data = json.loads(Path(path).read_text())
+    return data["rows"][-1] if "rows" in data else data
+
+
+def main(dense_path: str, results: list[str]) -> str:
+    dense = _row(dense_path)["perplexity"]
+    names = [n for n in HELDOUT_SOURCES if n in dense] + [n for n in dense if n not in HELDOUT_SOURCES]
+    headers = [
+        "recipe",
+        *(Path(n).stem for n in names),
+        "geomean domains",
+        "geomean all",
+        "keep",
+        "compress s",
+    ]
+    rows = []
+    for item in results:
+        label, _, path = item.partition("=")
+        row = _row(path)
+        if sorted(row["perplexity"]) != sorted(names):
+            raise SystemExit(f"{path} scored other texts than {dense_path}")
+        every = ratios_to_dense(dense, row["perplexity"])
+        builtin = ratios_to_dense({n: dense[n] for n in names if n in HELDOUT_SOURCES}, row["perplexity"])
+        cells = [label, *(f"×{every['ratios'][n]:.2f}" for n in names)]
+        cells += [f"×{builtin['geomean']:.3f}" if builtin["geomean"] else "-", f"×{every['geomean']:.3f}"]
+        seconds = row.get("compress_seconds")
+        cells += [f"{row.get('achieved_keep', 1.0):.4f}", "-" if seconds is None else f"{seconds:.0f}"]
+        rows.append(cells)
+    return markdown_table(headers, rows)
+
+
+if __name__ == "__main__":
+    print(main(sys.argv[1], sys.argv[2:]))
