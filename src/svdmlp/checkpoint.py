@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from svdmlp import arch, lowrank, models
 from svdmlp.compression.report import CompressionReport
 from svdmlp.config import CompressConfig
-from svdmlp.paths import file_sha256
+from svdmlp.paths import file_sha256, under_umask
 from svdmlp.versions import installed_versions
 
 METADATA_FILE = "svdmlp.json"
@@ -69,7 +69,7 @@ def save(
     check_target(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
-    staging.chmod(_directory_mode())  # mkdtemp's 0700 would keep the checkpoint from its other users
+    staging.chmod(under_umask(0o777))  # mkdtemp's 0700 would keep the checkpoint from its other users
     try:
         tensors, aliases = _unique_tensors(model)
         weights = staging / WEIGHTS_FILE
@@ -113,13 +113,6 @@ def check_target(directory: str | os.PathLike, overwrite: bool) -> None:
         raise FileExistsError(
             f"{target} already holds an svdmlp checkpoint; pass overwrite=True (--overwrite)"
         )
-
-
-def _directory_mode() -> int:
-    """The mode a new directory gets under the process's umask (as ``mkdir`` would give it)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o777 & ~umask
 
 
 def _file_records(root: Path) -> dict[str, dict]:

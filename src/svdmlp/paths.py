@@ -23,3 +23,11 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: stream.read(1 << 24), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def under_umask(mode: int) -> int:
+    """``mode`` less the process's umask: what ``mkdir`` (0o777) or ``open`` (0o666) would give a new
+    file, for files made by ``mkstemp``/``mkdtemp`` (0600/0700) that are then renamed into place."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import pytest
 
@@ -58,6 +59,9 @@ def test_write_json_to_a_file_replaces_it_whole(tmp_path):
     options.write_json({"c": None}, str(path))
     assert json.loads(path.read_text()) == {"c": None}
     assert sorted(p.name for p in path.parent.iterdir()) == ["result.json"]  # no staging file left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as open() would create it, not mkstemp's 0600
 
 
 def test_write_json_to_standard_output(capsys):

@@ -20,6 +20,7 @@ from pathlib import Path
 from svdmlp.arch import BOS_MODES
 from svdmlp.backends import BACKENDS
 from svdmlp.config import CalibrationSpec, LoraSpec
+from svdmlp.paths import under_umask
 
 DTYPES = ("float32", "bfloat16", "float16")
 MODEL_HELP = (
@@ -289,6 +290,7 @@ def write_json(record: dict, target: str) -> None:
     try:
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
+        os.chmod(staging, under_umask(0o666))  # mkstemp's 0600 would hide the result from its other users
         os.replace(staging, path)
     finally:
         if os.path.exists(staging):
