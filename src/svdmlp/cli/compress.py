@@ -86,12 +86,12 @@ def config(args: argparse.Namespace) -> CompressConfig:
     """
     effort = EFFORTS[args.effort]
     method = effort.method if args.method is None else args.method
-    whiten = method != "svd"
+    calibrated = method != "svd"
     heal = args.heal
     if heal is None:
-        heal = effort.heal if whiten else ("lora" if "lora" in effort.heal.split("+") else "none")
+        heal = effort.heal if calibrated else ("lora" if "lora" in effort.heal.split("+") else "none")
     allocate = args.allocate if args.allocate is not None else effort.allocation == "budget"
-    sequential = args.sequential if args.sequential is not None else effort.sequential and whiten
+    sequential = args.sequential if args.sequential is not None else effort.sequential and calibrated
     samples = effort.calib_samples if args.calib_samples is None else args.calib_samples
     steps = effort.heal_steps if args.heal_steps is None else args.heal_steps
     return CompressConfig(
