@@ -172,7 +172,7 @@ def compress(
     factorising = time.perf_counter()
     timings, allocation = {}, {}
     if config.allocation == "budget" and to_compress:
-        sources = 1 if calibration_text is not None else len(config.calibration.mixture)
+        sources = len(source_weights(config, calibration_text))
         count, seq_len = probe_shape(sources, config.calibration.seq_len)
         probes = windows(count, seq_len, config.seed + 3)
         planned, allocation = sensitivity.allocate(
