@@ -53,6 +53,12 @@ def saved(tmp_path_factory, tokenizer):
     return directory, model
 
 
+def _shard(directory, tensor: str = "model.layers.1.mlp.up_v_t"):
+    """The weights file of ``directory`` that holds ``tensor``."""
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    return directory / index["weight_map"][tensor]
+
+
 @pytest.fixture
 def ckpt(saved, tmp_path):
     """A private copy of the saved checkpoint, free to corrupt."""
@@ -68,7 +74,8 @@ def test_round_trip_is_exact_for_every_architecture(model_type, tokenizer, text_
     directory = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
     assert directory == (tmp_path / "ckpt").resolve()
     assert {p.name for p in directory.iterdir()} >= {
-        "model.safetensors",
+        "model-00001-of-00005.safetensors",  # embeddings, two layers, LM head, the rest
+        "model.safetensors.index.json",
         "svdmlp.json",
         "config.json",
         "tokenizer.json",
@@ -147,17 +154,18 @@ def test_metadata_records_config_report_and_checksum(saved):
     assert metadata["base_model"] == "tiny-llama"
     assert CompressConfig.from_dict(metadata["config"]).align == 8
     assert metadata["config"]["keep"] == 0.5
-    weights = directory / "model.safetensors"
-    assert metadata["weights"]["bytes"] == weights.stat().st_size
-    assert metadata["weights"]["sha256"] == file_sha256(weights)
+    # One weights file per unit: embeddings, each decoder layer, the LM head (untied), the rest.
+    shards = [f"model-0000{k}-of-00005.safetensors" for k in range(1, 6)]
+    assert metadata["weights"] == {"files": shards}
+    assert _shard(directory, "model.layers.1.mlp.down_v_t") == directory / shards[2]
+    assert _shard(directory, "model.norm.weight") == directory / shards[4]
     # Every file but svdmlp.json itself, the weights included.
     files = sorted(p.name for p in directory.iterdir() if p.name != "svdmlp.json")
     assert sorted(metadata["files"]) == files
-    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= set(files)
+    assert {"config.json", "generation_config.json", *shards, "tokenizer.json"} <= set(files)
     for name in files:
         path = directory / name
         assert metadata["files"][name] == {"bytes": path.stat().st_size, "sha256": file_sha256(path)}, name
-    assert metadata["weights"] == {"file": "model.safetensors", **metadata["files"]["model.safetensors"]}
     assert metadata["report"]["calibration"]["tokens"] == 4 * 32
     assert {"svdmlp", "torch", "transformers", "safetensors"} == set(metadata["versions"])
     assert checkpoint.is_checkpoint(directory)
@@ -238,7 +246,7 @@ def test_directory_without_metadata(tmp_path):
 
 
 def test_truncated_weights(ckpt):
-    weights = ckpt / "model.safetensors"
+    weights = _shard(ckpt)
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) - 100])
     with pytest.raises(
@@ -248,7 +256,7 @@ def test_truncated_weights(ckpt):
 
 
 def test_truncated_weights_without_verification_still_fail_clearly(ckpt):
-    weights = ckpt / "model.safetensors"
+    weights = _shard(ckpt)
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="cannot be read"):
@@ -256,7 +264,7 @@ def test_truncated_weights_without_verification_still_fail_clearly(ckpt):
 
 
 def test_flipped_byte_is_detected(ckpt):
-    weights = ckpt / "model.safetensors"
+    weights = _shard(ckpt)
     data = bytearray(weights.read_bytes())
     data[-7] ^= 0x01
     weights.write_bytes(bytes(data))
@@ -265,8 +273,8 @@ def test_flipped_byte_is_detected(ckpt):
 
 
 def test_missing_weights(ckpt):
-    (ckpt / "model.safetensors").unlink()
-    with pytest.raises(ValueError, match="model.safetensors are missing"):
+    _shard(ckpt).unlink()
+    with pytest.raises(ValueError, match="model-00003-of-00005.safetensors are missing"):
         checkpoint.load(ckpt)
 
 
@@ -283,7 +291,7 @@ def test_unknown_format(ckpt, key, value):
     metadata = json.loads(path.read_text())
     metadata[key] = value
     path.write_text(json.dumps(metadata))
-    with pytest.raises(ValueError, match=f"{value!r}.*; this svdmlp reads 'svdmlp' version 1 or 2$"):
+    with pytest.raises(ValueError, match=f"{value!r}.*; this svdmlp reads 'svdmlp' version 1 or 2 or 3$"):
         checkpoint.load(ckpt)
 
 
@@ -321,7 +329,7 @@ def test_layer_recorded_as_skipped_but_stored_compressed(ckpt):
 
 
 def test_tensor_missing_from_the_weights(ckpt):
-    weights = ckpt / "model.safetensors"
+    weights = _shard(ckpt)
     tensors = load_file(weights)
     del tensors["model.layers.1.mlp.up_v_t"]
     save_file(tensors, weights)
@@ -390,14 +398,23 @@ def test_added_file_is_ignored(saved, ckpt):
     assert torch.equal(_logits(loaded), _logits(saved[1]))
 
 
-def _as_version_1(metadata: dict) -> None:
-    """What a format_version 1 svdmlp.json held: the weights' record, no "files"."""
+def _as_version_1(ckpt) -> None:
+    """What a format_version 1 checkpoint held: one weights file, its record, no "files"."""
+    metadata = json.loads((ckpt / "svdmlp.json").read_text())
+    tensors = {}
+    for name in metadata["weights"]["files"]:
+        tensors.update(load_file(ckpt / name))
+        (ckpt / name).unlink()
+    weights = ckpt / "model.safetensors"
+    save_file(tensors, weights)
     metadata["format_version"] = 1
+    metadata["weights"] = {"file": weights.name, "bytes": weights.stat().st_size, "sha256": file_sha256(weights)}
     del metadata["files"]
+    (ckpt / "svdmlp.json").write_text(json.dumps(metadata))
 
 
 def test_version_1_checkpoint_still_loads_and_checks_its_weights(saved, ckpt):
-    _edit_metadata(ckpt, _as_version_1)
+    _as_version_1(ckpt)
     assert checkpoint.read_metadata(ckpt)["format_version"] == 1
     loaded, _ = checkpoint.load(ckpt)
     assert torch.equal(_logits(loaded), _logits(saved[1]))

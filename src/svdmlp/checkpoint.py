@@ -1,8 +1,11 @@
 """Checkpoints: safetensors weights + ``svdmlp.json`` + the model's config and tokenizer.
 
 A checkpoint directory holds:
-- ``model.safetensors``: every tensor of the compressed model (low-rank factors in the kernels'
-  layout, untouched dense weights), tied tensors stored once;
+- ``model-0000K-of-0000N.safetensors``: every tensor of the compressed model (low-rank factors in the
+  kernels' layout, untouched dense weights), tied tensors stored once, one file per decoder layer
+  (and one for the embeddings, the LM head, the rest), so that compression writes each layer as it is
+  made and a big model is never whole in memory; ``model.safetensors.index.json`` maps every tensor to
+  its file, as Hugging Face's sharded checkpoints do;
 - ``svdmlp.json``: format version, the compression config, the per-layer report (ranks, achieved
   keep, errors), the calibration-token hash, library versions, and the size and SHA-256 of every
   other file of the directory;
@@ -27,23 +30,23 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 from accelerate import init_empty_weights
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from svdmlp import arch, lowrank, models
+from svdmlp import arch, lazy, lowrank, models
 from svdmlp.compression.report import CompressionReport
 from svdmlp.config import CompressConfig
 from svdmlp.paths import file_sha256, under_umask
 from svdmlp.versions import installed_versions
 
 METADATA_FILE = "svdmlp.json"
-WEIGHTS_FILE = "model.safetensors"
 FORMAT = "svdmlp"
-FORMAT_VERSION = 2
-# Version 1 recorded the size and SHA-256 of the weights file alone ("weights"); version 2 records
-# them for every file of the directory but svdmlp.json ("files").
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+# Version 1 recorded the size and SHA-256 of its one weights file alone ("weights": {"file", ...});
+# version 2 records them for every file of the directory but svdmlp.json ("files"); version 3 stores
+# the weights in one file per unit (embeddings, each decoder layer, LM head, rest): "weights": {"files"}.
+READABLE_VERSIONS = (1, 2, 3)
 
 
 def is_checkpoint(directory: str | os.PathLike) -> bool:
@@ -58,8 +61,11 @@ def save(
     report: CompressionReport,
     base_model: str,
     overwrite: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Path:
-    """Write a checkpoint of the (compressed) ``model`` to ``directory`` atomically.
+    """Write a checkpoint of the (compressed) ``model`` to ``directory`` atomically, its weights in
+    ``dtype`` (None: as they are); a model whose weights are on disk (:mod:`svdmlp.lazy`) is read
+    one unit at a time.
 
     Raises:
         FileExistsError: if ``directory`` exists and is not empty, unless it is an svdmlp checkpoint
@@ -71,9 +77,7 @@ def save(
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
     staging.chmod(under_umask(0o777))  # mkdtemp's 0700 would keep the checkpoint from its other users
     try:
-        tensors, aliases = _unique_tensors(model)
-        weights = staging / WEIGHTS_FILE
-        save_file(tensors, weights, metadata={"format": "pt", "svdmlp_format_version": str(FORMAT_VERSION)})
+        shards, aliases = _write_weights(model, staging, dtype)
         model.config.save_pretrained(staging)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(staging)
@@ -86,10 +90,10 @@ def save(
             "versions": installed_versions(("svdmlp", "torch", "transformers", "safetensors")),
             "base_model": base_model,
             "model_type": model.config.model_type,
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "dtype": str(dtype or _model_dtype(model)).removeprefix("torch."),
             "config": config.to_dict(),
             "report": report.to_dict(),
-            "weights": {"file": WEIGHTS_FILE, **files[WEIGHTS_FILE]},
+            "weights": {"files": shards},
             "files": files,
             "tied": aliases,
         }
@@ -98,6 +102,61 @@ def save(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    return next(p for p in model.parameters() if p.is_floating_point()).dtype
+
+
+def _write_weights(model: nn.Module, staging: Path, dtype: torch.dtype | None) -> tuple[list[str], dict[str, str]]:
+    """Write the model's tensors to ``staging``, one file per unit (:func:`svdmlp.lazy.units_of`) and
+    one for the rest, each unit loaded only while it is written (one that
+    :meth:`~svdmlp.lazy.DiskWeights.store` wrote in ``dtype`` is moved as it is); the files' names,
+    and the alias -> stored-name map of tied tensors."""
+    weights = lazy.of(model)
+    spec = arch.of_model(model)
+    units = weights.units if weights is not None else lazy.units_of(model, arch.decoder_layers(model, spec))
+    aliases = {alias: group[0] for group in _names(model).values() for alias in group[1:]}
+    done: set[str] = set(aliases)
+    weight_map, shards = {}, []
+
+    def write(file: str, tensors: dict[str, torch.Tensor]) -> None:
+        tensors = {name: t.detach().to(dtype or t.dtype).contiguous() for name, t in tensors.items()}
+        metadata = {"format": "pt", "svdmlp_format_version": str(FORMAT_VERSION)}
+        save_file(tensors, staging / file, metadata=metadata)
+        weight_map.update(dict.fromkeys(tensors, file))
+        done.update(tensors)
+        shards.append(file)
+
+    for position, unit in enumerate(units):
+        file = lazy.shard_name(position, len(units))
+        stored = None if weights is None else weights.stored.get(id(unit))
+        if stored is not None and stored[1] == (dtype or weights.dtype):
+            os.replace(stored[0], staging / file)
+            del weights.stored[id(unit)]
+            with safe_open(staging / file, framework="pt") as handle:
+                names = list(handle.keys())
+            weight_map.update(dict.fromkeys(names, file))
+            done.update(names)
+            shards.append(file)
+            continue
+        with lazy.held(model, unit):
+            names = _names(model)
+            write(file, {names[id(p)][0]: p for p in unit.parameters() if names[id(p)][0] not in done})
+    names = _names(model)
+    rest = {group[0]: tensor for tensor in model.state_dict(keep_vars=True).values() for group in [names[id(tensor)]]}
+    write(lazy.shard_name(len(units), len(units)), {name: t for name, t in rest.items() if name not in done})
+    index = {"metadata": {"format": FORMAT}, "weight_map": dict(sorted(weight_map.items()))}
+    (staging / lazy.INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    return shards, aliases
+
+
+def _names(model: nn.Module) -> dict[int, list[str]]:
+    """Every state-dict name of each tensor of ``model``, by the tensor's identity (tied ones share)."""
+    names: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(tensor), []).append(name)
+    return names
 
 
 def check_target(directory: str | os.PathLike, overwrite: bool) -> None:
@@ -147,19 +206,6 @@ def _replace(staging: Path, target: Path) -> None:
     shutil.rmtree(retired, ignore_errors=True)
 
 
-def _unique_tensors(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The state dict with shared (tied) tensors stored once, and the alias → stored-name map."""
-    tensors, aliases, seen = {}, {}, {}
-    for name, tensor in model.state_dict().items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-        if key in seen:
-            aliases[name] = seen[key]
-        else:
-            seen[key] = name
-            tensors[name] = tensor.detach().contiguous()
-    return tensors, aliases
-
-
 def read_metadata(directory: str | os.PathLike) -> dict:
     """The parsed ``svdmlp.json`` of a checkpoint, with clear errors for anything else."""
     root = Path(directory).expanduser()
@@ -182,9 +228,18 @@ def read_metadata(directory: str | os.PathLike) -> dict:
         )
     weights = metadata.get("weights")
     files = metadata.get("files") if version >= 2 else {}
+    if version >= 3:
+        shards = weights.get("files") if isinstance(weights, dict) else None
+        weights_ok = (
+            isinstance(shards, list)
+            and bool(shards)
+            and isinstance(files, dict)
+            and all(isinstance(name, str) and name in files for name in shards)
+        )
+    else:
+        weights_ok = _is_record(weights) and _is_inside(weights.get("file"))
     if not (
-        _is_record(weights)
-        and _is_inside(weights.get("file"))
+        weights_ok
         and isinstance(files, dict)
         and all(_is_inside(name) and _is_record(record) for name, record in files.items())
     ):
@@ -216,8 +271,11 @@ def _recorded_files(metadata: dict) -> dict[str, dict]:
     return {metadata["weights"]["file"]: metadata["weights"]}
 
 
-def _weights_path(directory: str | os.PathLike, metadata: dict) -> Path:
-    return Path(directory).expanduser() / metadata["weights"]["file"]
+def _weight_files(metadata: dict) -> list[str]:
+    """The names of the checkpoint's weights files (one before version 3)."""
+    if metadata["format_version"] >= 3:
+        return metadata["weights"]["files"]
+    return [metadata["weights"]["file"]]
 
 
 def verify_files(directory: str | os.PathLike, metadata: dict) -> None:
@@ -225,7 +283,7 @@ def verify_files(directory: str | os.PathLike, metadata: dict) -> None:
     names the first one that is missing or differs."""
     root = Path(directory).expanduser()
     for name, expected in _recorded_files(metadata).items():
-        _verify_file(root / name, expected, weights=name == metadata["weights"]["file"])
+        _verify_file(root / name, expected, weights=name in _weight_files(metadata))
 
 
 def _verify_file(path: Path, expected: dict, weights: bool) -> None:
@@ -279,7 +337,6 @@ def load(
     metadata = read_metadata(directory)
     if verify:
         verify_files(directory, metadata)
-    weights = _weights_path(directory, metadata)
     try:
         config = AutoConfig.from_pretrained(directory)
     except (ValueError, OSError) as err:
@@ -294,10 +351,13 @@ def load(
     for layer in report.layers:
         if layer.status == "compressed":
             lowrank.install(model, spec, layer.index, layer.ranks, stored, "meta")
-    try:
-        state = load_file(weights)
-    except (SafetensorError, OSError) as err:
-        raise ValueError(f"checkpoint weights {weights} cannot be read: {err}") from None
+    state = {}
+    for name in _weight_files(metadata):
+        weights = Path(directory).expanduser() / name
+        try:
+            state.update(load_file(weights))
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"checkpoint weights {weights} cannot be read: {err}") from None
     for alias, stored_name in metadata.get("tied", {}).items():
         if stored_name in state:
             state[alias] = state[stored_name]

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate import init_empty_weights
 from safetensors import SafetensorError, safe_open
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from svdmlp import arch, lowrank
+from svdmlp import arch, lazy, lowrank
 from svdmlp.paths import cache_dir, file_sha256
 
 _COMPLETE_MARKER = ".complete"
@@ -300,6 +301,70 @@ def load_dense(name: str | None, dtype: torch.dtype = torch.float32, device: str
         )
     tokenizer = AutoTokenizer.from_pretrained(location)
     return model.to(device).eval(), tokenizer, location
+
+
+def load_lazy(name: str | None, dtype: torch.dtype = torch.float32, scratch: str | os.PathLike | None = None):
+    """Like :func:`load_dense`, but the embeddings, decoder layers and LM head stay on disk and are
+    read for the forward passes that use them (:class:`svdmlp.lazy.DiskWeights`): memory holds one
+    of them at a time, whatever the model's size. The model must be a local directory or built-in.
+
+    Args:
+        scratch: where :meth:`~svdmlp.lazy.DiskWeights.store` writes compressed layers.
+
+    Returns:
+        (model, tokenizer, location) with the model in eval mode on the CPU.
+    """
+    location, config = load_config(name)
+    if not Path(location).is_dir():
+        raise ValueError(f"{name!r} is not a local model directory: download it first, or load it in memory")
+    try:
+        files = lazy.tensor_files(location)
+        shapes = {}
+        for path in set(files.values()):
+            with safe_open(path, framework="pt") as handle:
+                shapes.update({key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()})
+    except (SafetensorError, OSError) as err:
+        raise ValueError(
+            f"model weights {_unreadable_weights(location)} cannot be read ({first_line(err)}); "
+            "the file is truncated or damaged: save, convert or download the model again"
+        ) from None
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()  # on the meta device from_config leaves a tied LM head a parameter of its own
+    _check_shapes(model, location, config, shapes)
+    spec = arch.for_config(config)
+    units = lazy.units_of(model, arch.decoder_layers(model, spec))
+    on_disk = {id(p) for unit in units for p in unit.parameters()}
+    resident = {}
+    for key, parameter in model.named_parameters():
+        if id(parameter) not in on_disk:
+            with safe_open(files[key], framework="pt") as handle:
+                resident[key] = handle.get_tensor(key).to(dtype)
+    model.load_state_dict(resident, strict=False, assign=True)
+    lazy.DiskWeights(model, files, units, dtype, scratch)
+    tokenizer = AutoTokenizer.from_pretrained(location)
+    return model.eval(), tokenizer, location
+
+
+def _check_shapes(model, location: str, config, shapes: dict[str, tuple]) -> None:
+    """Refuse weights files that miss, add or reshape tensors of the model's architecture (a tied
+    tensor may be stored under any of its names)."""
+    names: dict[int, list[str]] = {}
+    expected = {}
+    for key, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(key)
+        expected[key] = tuple(parameter.shape)
+    missing = [group[0] for group in names.values() if not any(key in shapes for key in group)]
+    unexpected = [key for key in shapes if key not in expected]
+    mismatched = [
+        (key, shapes[key], expected[key]) for key in shapes if key in expected and shapes[key] != expected[key]
+    ]
+    problems = weights_mismatch(missing, unexpected, mismatched)
+    if problems:
+        raise ValueError(
+            f"the weights of {location} do not match the {config.model_type} architecture of its config: "
+            f"{problems}; {_mismatch_advice(location, unexpected)}"
+        )
 
 
 _SHOWN_KEYS = 3

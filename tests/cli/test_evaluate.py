@@ -183,7 +183,7 @@ def test_eval_of_a_truncated_checkpoint(compressed, tmp_path, capsys):
     _, text, ckpt = compressed
     broken = tmp_path / "broken"
     shutil.copytree(ckpt, broken)
-    weights = broken / "model.safetensors"
+    weights = broken / "model-00002-of-00005.safetensors"  # the first decoder layer
     weights.write_bytes(weights.read_bytes()[:1000])
     assert_cli_error(capsys, "eval", ["eval", broken, "--text", text, *EVAL], "truncated")
     assert_cli_error(capsys, "generate", ["generate", broken, "--prompt", "x"], "truncated")

@@ -1,0 +1,225 @@
+"""Weights that stay on disk: a model whose big modules are read from safetensors files for the
+forward passes that use them and dropped after.
+
+Compression works one decoder layer at a time, so it need hold only that one: a 1.5B model is 6 GB
+in float32 and an 8B one 32 GB, one of their decoder layers 0.2 and 0.9 GB. :class:`DiskWeights`
+keeps the parameters of its *units* (each decoder layer, the input embeddings, the LM head) on the
+meta device; a forward pre-hook loads a unit's parameters (memory-mapped reads, cast to the compute
+dtype) and a forward hook drops them again, also when the forward raises. Code that reads weights
+directly holds the unit for the block (:func:`held`). :meth:`DiskWeights.store` writes a unit (a
+compressed layer) to a file of its own and reads it from there afterwards.
+
+Tied parameters (an embedding shared with the LM head) stay one tensor: a parameter is replaced in
+every slot that holds it. Holds are counted per parameter, so a tied weight stays loaded while any
+unit that uses it is held. Without gradients only: autograd would keep a dropped parameter alive.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+_STORES: weakref.WeakKeyDictionary[nn.Module, DiskWeights] = weakref.WeakKeyDictionary()
+
+
+def tensor_files(directory: str | Path) -> dict[str, Path]:
+    """Which file of a Hugging Face model directory holds each tensor (one file, or shards and their index)."""
+    root = Path(directory)
+    index = root / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: root / file for name, file in weight_map.items()}
+    single = root / SINGLE_FILE
+    if not single.is_file():
+        raise ValueError(f"{root} holds no {SINGLE_FILE} and no {INDEX_FILE}")
+    with safe_open(single, framework="pt") as handle:
+        return dict.fromkeys(handle.keys(), single)
+
+
+class _OnDisk:
+    """One on-disk parameter: its meta placeholder, where it lies, and its loaded copy while held."""
+
+    def __init__(self, placeholder: nn.Parameter, path: Path, name: str):
+        self.placeholder, self.path, self.name = placeholder, path, name
+        self.loaded: nn.Parameter | None = None
+        self.holds = 0
+
+
+class DiskWeights:
+    """The on-disk parameters of a model's units (see the module docstring).
+
+    Args:
+        model: the model, its units' parameters on the meta device.
+        files: the file holding each tensor, by state-dict name.
+        units: the modules loaded one at a time (each decoder layer, the embeddings, the LM head).
+        dtype: what the parameters are cast to when loaded.
+        scratch: the directory :meth:`store` writes units to (the checkpoint's shards, see
+            :func:`shard_name`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        files: dict[str, Path],
+        units: list[nn.Module],
+        dtype: torch.dtype,
+        scratch: str | Path | None = None,
+    ):
+        self.model, self.dtype, self.units = model, dtype, list(units)
+        self._entries: dict[int, _OnDisk] = {}  # id(placeholder or loaded copy) -> its entry
+        names = self._all_names()
+        for unit in self.units:
+            for parameter in unit.parameters():
+                if parameter.device.type != "meta" or id(parameter) in self._entries:
+                    continue
+                found = [name for name in names[id(parameter)] if name in files]
+                if not found:
+                    raise ValueError(f"no weights file holds {names[id(parameter)][0]}")
+                self._entries[id(parameter)] = _OnDisk(parameter, files[found[0]], found[0])
+            unit.register_forward_pre_hook(self._on_call)
+            unit.register_forward_hook(self._on_return, always_call=True)
+        self._calls: dict[int, list[list[_OnDisk]]] = {}  # id(unit) -> what each running forward holds
+        self.scratch = Path(scratch) if scratch is not None else None
+        self.stored: dict[int, tuple[Path, torch.dtype]] = {}  # id(unit) -> its file and dtype, while unchanged
+        _STORES[model] = self
+
+    def _on_call(self, module: nn.Module, args) -> None:
+        self._calls.setdefault(id(module), []).append(self._acquire(module))
+
+    def _on_return(self, module: nn.Module, args, output) -> None:
+        self._release(self._calls[id(module)].pop())
+
+    def _all_names(self) -> dict[int, list[str]]:
+        names: dict[int, list[str]] = {}
+        for name, parameter in self.model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(parameter), []).append(name)
+        return names
+
+    def _of(self, module: nn.Module) -> list[_OnDisk]:
+        """The entries of ``module``'s on-disk parameters, each once."""
+        entries = {}
+        for parameter in module.parameters():
+            entry = self._entries.get(id(parameter))
+            if entry is not None:
+                entries[id(entry)] = entry
+        return list(entries.values())
+
+    def _swap(self, current: nn.Parameter, new: nn.Parameter) -> None:
+        """Put ``new`` in every slot of the model that holds ``current`` (tied slots stay tied)."""
+        for module in self.model.modules():
+            for attribute, parameter in module._parameters.items():
+                if parameter is current:
+                    module._parameters[attribute] = new
+
+    def _acquire(self, module: nn.Module) -> list[_OnDisk]:
+        """Load ``module``'s on-disk parameters not loaded yet; the entries now held for it."""
+        entries = self._of(module)
+        by_file: dict[Path, list[_OnDisk]] = {}
+        for entry in entries:
+            if entry.holds == 0:
+                by_file.setdefault(entry.path, []).append(entry)
+        for path, waiting in by_file.items():
+            with safe_open(path, framework="pt") as handle:  # closed (unmapped) once read
+                for entry in waiting:
+                    tensor = handle.get_tensor(entry.name).to(self.dtype)
+                    entry.loaded = nn.Parameter(tensor, requires_grad=entry.placeholder.requires_grad)
+                    self._entries[id(entry.loaded)] = entry
+                    self._swap(entry.placeholder, entry.loaded)
+        for entry in entries:
+            entry.holds += 1
+        return entries
+
+    def _release(self, entries: list[_OnDisk]) -> None:
+        """Drop the hold of ``entries`` (those of one :meth:`_acquire`, whatever the module holds now:
+        compression replaces a held layer's MLP)."""
+        for entry in entries:
+            entry.holds -= 1
+            if entry.holds == 0:
+                self._swap(entry.loaded, entry.placeholder)
+                del self._entries[id(entry.loaded)]
+                entry.loaded = None
+
+    @contextmanager
+    def held(self, *modules: nn.Module) -> Iterator[None]:
+        """Inside the block, the parameters of ``modules`` are loaded."""
+        held = [self._acquire(module) for module in modules]
+        try:
+            yield
+        finally:
+            for entries in held:
+                self._release(entries)
+
+    def store(self, unit: nn.Module, dtype: torch.dtype) -> Path:
+        """Write every parameter of ``unit`` in ``dtype`` to its shard in :attr:`scratch` (atomically)
+        and read them from there from now on; the ones only in memory (new factors) are dropped."""
+        if self.scratch is None:
+            raise ValueError("these disk weights have no scratch directory to store units in")
+        path = self.scratch / shard_name(self.units.index(unit), len(self.units))
+        with self.held(unit):
+            names = self._first_names()
+            tensors = {names[id(p)]: p.detach().to(dtype).contiguous() for p in unit.parameters()}
+            partial = path.with_name(path.name + ".partial")
+            save_file(tensors, partial, metadata={"format": "pt"})
+            partial.replace(path)
+        names = self._first_names()
+        for parameter in list(unit.parameters()):
+            entry = self._entries.get(id(parameter))
+            if entry is None:  # in memory only: it becomes an on-disk parameter
+                placeholder = nn.Parameter(torch.empty_like(parameter, device="meta"), parameter.requires_grad)
+                entry = self._entries[id(placeholder)] = _OnDisk(placeholder, path, "")
+                self._swap(parameter, placeholder)
+            entry.path, entry.name = path, names[id(parameter)]
+        self.stored[id(unit)] = (path, dtype)
+        return path
+
+    def _first_names(self) -> dict[int, str]:
+        return {id(p): name for name, p in self.model.named_parameters()}
+
+    def pin(self) -> None:
+        """Load every unit for good (what training needs: optimizers keep the parameters); what
+        :meth:`store` wrote may change, so none of it is kept as is."""
+        for unit in self.units:
+            self._acquire(unit)
+        self.stored.clear()
+
+
+def shard_name(position: int, units: int) -> str:
+    """The file of unit ``position`` among ``units`` (the last file, ``units``, holds the rest of the model)."""
+    return f"model-{position + 1:05d}-of-{units + 1:05d}.safetensors"
+
+
+def units_of(model: nn.Module, layers: nn.ModuleList) -> list[nn.Module]:
+    """The modules a model is stored and loaded by: its input embeddings, decoder layers and LM
+    head (when it is a module of its own), in that order."""
+    units = [model.get_input_embeddings(), *layers]
+    head = model.get_output_embeddings()
+    if head is not None and all(head is not unit for unit in units):
+        units.append(head)
+    return units
+
+
+def of(model: nn.Module) -> DiskWeights | None:
+    """The model's :class:`DiskWeights`, or None when it is wholly in memory."""
+    return _STORES.get(model)
+
+
+@contextmanager
+def held(model: nn.Module, *modules: nn.Module) -> Iterator[None]:
+    """Inside the block the parameters of ``modules`` are loaded (nothing to do for a model in memory)."""
+    weights = of(model)
+    if weights is None:
+        yield
+        return
+    with weights.held(*modules):
+        yield
