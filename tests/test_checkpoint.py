@@ -408,7 +408,11 @@ def _as_version_1(ckpt) -> None:
     weights = ckpt / "model.safetensors"
     save_file(tensors, weights)
     metadata["format_version"] = 1
-    metadata["weights"] = {"file": weights.name, "bytes": weights.stat().st_size, "sha256": file_sha256(weights)}
+    metadata["weights"] = {
+        "file": weights.name,
+        "bytes": weights.stat().st_size,
+        "sha256": file_sha256(weights),
+    }
     del metadata["files"]
     (ckpt / "svdmlp.json").write_text(json.dumps(metadata))
 

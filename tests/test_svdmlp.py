@@ -20,6 +20,7 @@ LAYERS = (
         "svdmlp.arch",
         "svdmlp.compression.ranks",
         "svdmlp.cuda_graphs",
+        "svdmlp.lazy",
         "svdmlp.paths",
         "svdmlp.plots",
         "svdmlp.runtime",

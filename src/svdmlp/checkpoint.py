@@ -108,7 +108,9 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
     return next(p for p in model.parameters() if p.is_floating_point()).dtype
 
 
-def _write_weights(model: nn.Module, staging: Path, dtype: torch.dtype | None) -> tuple[list[str], dict[str, str]]:
+def _write_weights(
+    model: nn.Module, staging: Path, dtype: torch.dtype | None
+) -> tuple[list[str], dict[str, str]]:
     """Write the model's tensors to ``staging``, one file per unit (:func:`svdmlp.lazy.units_of`) and
     one for the rest, each unit loaded only while it is written (one that
     :meth:`~svdmlp.lazy.DiskWeights.store` wrote in ``dtype`` is moved as it is); the files' names,
@@ -132,8 +134,7 @@ def _write_weights(model: nn.Module, staging: Path, dtype: torch.dtype | None) -
         file = lazy.shard_name(position, len(units))
         stored = None if weights is None else weights.stored.get(id(unit))
         if stored is not None and stored[1] == (dtype or weights.dtype):
-            os.replace(stored[0], staging / file)
-            del weights.stored[id(unit)]
+            _link_or_copy(stored[0], staging / file)
             with safe_open(staging / file, framework="pt") as handle:
                 names = list(handle.keys())
             weight_map.update(dict.fromkeys(names, file))
@@ -144,11 +145,24 @@ def _write_weights(model: nn.Module, staging: Path, dtype: torch.dtype | None) -
             names = _names(model)
             write(file, {names[id(p)][0]: p for p in unit.parameters() if names[id(p)][0] not in done})
     names = _names(model)
-    rest = {group[0]: tensor for tensor in model.state_dict(keep_vars=True).values() for group in [names[id(tensor)]]}
+    rest = {
+        group[0]: tensor
+        for tensor in model.state_dict(keep_vars=True).values()
+        for group in [names[id(tensor)]]
+    }
     write(lazy.shard_name(len(units), len(units)), {name: t for name, t in rest.items() if name not in done})
     index = {"metadata": {"format": FORMAT}, "weight_map": dict(sorted(weight_map.items()))}
     (staging / lazy.INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     return shards, aliases
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (no copy: the model still reads ``source``), or a copy
+    where the two lie on different file systems."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def _names(model: nn.Module) -> dict[int, list[str]]:

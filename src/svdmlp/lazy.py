@@ -3,8 +3,10 @@ forward passes that use them and dropped after.
 
 Compression works one decoder layer at a time, so it need hold only that one: a 1.5B model is 6 GB
 in float32 and an 8B one 32 GB, one of their decoder layers 0.2 and 0.9 GB. :class:`DiskWeights`
-keeps the parameters of its *units* (each decoder layer, the input embeddings, the LM head) on the
-meta device; a forward pre-hook loads a unit's parameters (memory-mapped reads, cast to the compute
+keeps the parameters of its *units* (each decoder layer, the input embeddings, the LM head) as
+hollow placeholders (right shape, dtype and device, one NaN behind every element: code that asks a
+model for its device still gets the answer, and a forward that should not have run shows NaN);
+a forward pre-hook loads a unit's parameters (memory-mapped reads, cast to the compute
 dtype) and a forward hook drops them again, also when the forward raises. Code that reads weights
 directly holds the unit for the block (:func:`held`). :meth:`DiskWeights.store` writes a unit (a
 compressed layer) to a file of its own and reads it from there afterwards.
@@ -60,12 +62,12 @@ class DiskWeights:
     """The on-disk parameters of a model's units (see the module docstring).
 
     Args:
-        model: the model, its units' parameters on the meta device.
+        model: the model, its units' parameters on the meta device (replaced by hollow placeholders).
         files: the file holding each tensor, by state-dict name.
         units: the modules loaded one at a time (each decoder layer, the embeddings, the LM head).
-        dtype: what the parameters are cast to when loaded.
-        scratch: the directory :meth:`store` writes units to (the checkpoint's shards, see
-            :func:`shard_name`).
+        dtype, device: what the parameters are cast to and where they are put when loaded.
+        scratch, store_dtype: the directory :meth:`store` writes units to (the checkpoint's shards,
+            see :func:`shard_name`) and their dtype there.
     """
 
     def __init__(
@@ -74,9 +76,11 @@ class DiskWeights:
         files: dict[str, Path],
         units: list[nn.Module],
         dtype: torch.dtype,
+        device: str | torch.device = "cpu",
         scratch: str | Path | None = None,
+        store_dtype: torch.dtype | None = None,
     ):
-        self.model, self.dtype, self.units = model, dtype, list(units)
+        self.model, self.dtype, self.device, self.units = model, dtype, torch.device(device), list(units)
         self._entries: dict[int, _OnDisk] = {}  # id(placeholder or loaded copy) -> its entry
         names = self._all_names()
         for unit in self.units:
@@ -86,12 +90,17 @@ class DiskWeights:
                 found = [name for name in names[id(parameter)] if name in files]
                 if not found:
                     raise ValueError(f"no weights file holds {names[id(parameter)][0]}")
-                self._entries[id(parameter)] = _OnDisk(parameter, files[found[0]], found[0])
+                placeholder = self._hollow(parameter)
+                self._entries[id(placeholder)] = _OnDisk(placeholder, files[found[0]], found[0])
+                self._swap(parameter, placeholder)
             unit.register_forward_pre_hook(self._on_call)
             unit.register_forward_hook(self._on_return, always_call=True)
         self._calls: dict[int, list[list[_OnDisk]]] = {}  # id(unit) -> what each running forward holds
         self.scratch = Path(scratch) if scratch is not None else None
-        self.stored: dict[int, tuple[Path, torch.dtype]] = {}  # id(unit) -> its file and dtype, while unchanged
+        self.store_dtype = store_dtype or dtype
+        self.stored: dict[
+            int, tuple[Path, torch.dtype]
+        ] = {}  # id(unit) -> its file and dtype, while unchanged
         _STORES[model] = self
 
     def _on_call(self, module: nn.Module, args) -> None:
@@ -99,6 +108,11 @@ class DiskWeights:
 
     def _on_return(self, module: nn.Module, args, output) -> None:
         self._release(self._calls[id(module)].pop())
+
+    def _hollow(self, like: nn.Parameter) -> nn.Parameter:
+        """A placeholder for ``like``: its shape, the loaded dtype and device, one NaN in memory."""
+        nan = torch.full((), float("nan"), dtype=self.dtype, device=self.device)
+        return nn.Parameter(nan.expand(like.shape), requires_grad=like.requires_grad)
 
     def _all_names(self) -> dict[int, list[str]]:
         names: dict[int, list[str]] = {}
@@ -132,7 +146,7 @@ class DiskWeights:
         for path, waiting in by_file.items():
             with safe_open(path, framework="pt") as handle:  # closed (unmapped) once read
                 for entry in waiting:
-                    tensor = handle.get_tensor(entry.name).to(self.dtype)
+                    tensor = handle.get_tensor(entry.name).to(device=self.device, dtype=self.dtype)
                     entry.loaded = nn.Parameter(tensor, requires_grad=entry.placeholder.requires_grad)
                     self._entries[id(entry.loaded)] = entry
                     self._swap(entry.placeholder, entry.loaded)
@@ -160,12 +174,13 @@ class DiskWeights:
             for entries in held:
                 self._release(entries)
 
-    def store(self, unit: nn.Module, dtype: torch.dtype) -> Path:
-        """Write every parameter of ``unit`` in ``dtype`` to its shard in :attr:`scratch` (atomically)
+    def store(self, unit: nn.Module) -> Path:
+        """Write every parameter of ``unit`` in :attr:`store_dtype` to its shard in :attr:`scratch` (atomically)
         and read them from there from now on; the ones only in memory (new factors) are dropped."""
         if self.scratch is None:
             raise ValueError("these disk weights have no scratch directory to store units in")
         path = self.scratch / shard_name(self.units.index(unit), len(self.units))
+        dtype = self.store_dtype
         with self.held(unit):
             names = self._first_names()
             tensors = {names[id(p)]: p.detach().to(dtype).contiguous() for p in unit.parameters()}
@@ -176,7 +191,7 @@ class DiskWeights:
         for parameter in list(unit.parameters()):
             entry = self._entries.get(id(parameter))
             if entry is None:  # in memory only: it becomes an on-disk parameter
-                placeholder = nn.Parameter(torch.empty_like(parameter, device="meta"), parameter.requires_grad)
+                placeholder = self._hollow(parameter)
                 entry = self._entries[id(placeholder)] = _OnDisk(placeholder, path, "")
                 self._swap(parameter, placeholder)
             entry.path, entry.name = path, names[id(parameter)]

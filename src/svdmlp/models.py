@@ -303,20 +303,31 @@ def load_dense(name: str | None, dtype: torch.dtype = torch.float32, device: str
     return model.to(device).eval(), tokenizer, location
 
 
-def load_lazy(name: str | None, dtype: torch.dtype = torch.float32, scratch: str | os.PathLike | None = None):
+class NotLocal(ValueError):
+    """A model to load from disk is not on this disk (a hub id)."""
+
+
+def load_lazy(
+    name: str | None,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    scratch: str | os.PathLike | None = None,
+    store_dtype: torch.dtype | None = None,
+):
     """Like :func:`load_dense`, but the embeddings, decoder layers and LM head stay on disk and are
     read for the forward passes that use them (:class:`svdmlp.lazy.DiskWeights`): memory holds one
     of them at a time, whatever the model's size. The model must be a local directory or built-in.
 
     Args:
-        scratch: where :meth:`~svdmlp.lazy.DiskWeights.store` writes compressed layers.
+        scratch, store_dtype: where :meth:`~svdmlp.lazy.DiskWeights.store` writes compressed layers,
+            and in which dtype (default ``dtype``).
 
     Returns:
-        (model, tokenizer, location) with the model in eval mode on the CPU.
+        (model, tokenizer, location) with the model in eval mode on ``device``.
     """
     location, config = load_config(name)
     if not Path(location).is_dir():
-        raise ValueError(f"{name!r} is not a local model directory: download it first, or load it in memory")
+        raise NotLocal(f"{name!r} is not a local model directory: download it first, or load it in memory")
     try:
         files = lazy.tensor_files(location)
         shapes = {}
@@ -339,9 +350,13 @@ def load_lazy(name: str | None, dtype: torch.dtype = torch.float32, scratch: str
     for key, parameter in model.named_parameters():
         if id(parameter) not in on_disk:
             with safe_open(files[key], framework="pt") as handle:
-                resident[key] = handle.get_tensor(key).to(dtype)
+                resident[key] = handle.get_tensor(key).to(device=device, dtype=dtype)
     model.load_state_dict(resident, strict=False, assign=True)
-    lazy.DiskWeights(model, files, units, dtype, scratch)
+    lazy.DiskWeights(model, files, units, dtype, device, scratch, store_dtype)
+    for module in model.modules():  # the buffers (rotary frequencies) go too; .to() would fill placeholders
+        for key, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[key] = buffer.to(device)
     tokenizer = AutoTokenizer.from_pretrained(location)
     return model.eval(), tokenizer, location
 
@@ -357,7 +372,9 @@ def _check_shapes(model, location: str, config, shapes: dict[str, tuple]) -> Non
     missing = [group[0] for group in names.values() if not any(key in shapes for key in group)]
     unexpected = [key for key in shapes if key not in expected]
     mismatched = [
-        (key, shapes[key], expected[key]) for key in shapes if key in expected and shapes[key] != expected[key]
+        (key, shapes[key], expected[key])
+        for key in shapes
+        if key in expected and shapes[key] != expected[key]
     ]
     problems = weights_mismatch(missing, unexpected, mismatched)
     if problems:

@@ -76,17 +76,6 @@ def test_sequential_equals_compressing_one_layer_at_a_time(model_type, tokenizer
         torch.testing.assert_close(model(IDS).logits, reference(IDS).logits, rtol=1e-4, atol=1e-4)
 
 
-def test_capture_restores_the_layers_and_stops_after_the_last_one(tokenizer):
-    model = tiny_model("gemma3_text", num_hidden_layers=3)
-    spec = arch.resolve("gemma3_text")
-    layers = list(arch.decoder_layers(model, spec))
-    windows = calibration.token_windows(tokenizer, SAMPLE_TEXT, 3, 16, seed=0)
-    batches = sequential._capture(model, spec, windows, last=1, batch_size=2)
-    assert list(arch.decoder_layers(model, spec)) == layers
-    assert [tuple(b.hidden.shape) for b in batches] == [(2, 16, 64), (1, 16, 64)]
-    assert all(len(b.kwargs) == 2 and "position_embeddings" in b.kwargs[1] for b in batches)
-
-
 def test_inputs_are_handed_over_for_closed_form_healing(tokenizer):
     """With keep_inputs each layer comes with the MLP's input batches; their Gram is the gate/up Gram."""
     spec = arch.resolve("qwen2")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 from svdmlp.cli import options
 from svdmlp.config import EFFORTS, HEALS, METHODS, CalibrationSpec, CompressConfig, LoraSpec
@@ -109,6 +112,18 @@ def config(args: argparse.Namespace) -> CompressConfig:
     )
 
 
+def _load(name, dtype, device, scratch, save_dtype):
+    """The dense model with its layers on disk (memory holds one at a time), or in memory when it
+    is not a local directory (a hub id: transformers downloads and loads it whole)."""
+    from svdmlp import models
+
+    try:
+        model, tokenizer, _ = models.load_lazy(name, dtype, device, scratch, save_dtype)
+    except models.NotLocal:
+        model, tokenizer, _ = models.load_dense(name, dtype=dtype, device=device)
+    return model, tokenizer
+
+
 def run(args: argparse.Namespace) -> options.Outcome:
     import torch
 
@@ -119,13 +134,20 @@ def run(args: argparse.Namespace) -> options.Outcome:
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
     device, dtype = options.runtime(args)
     started = time.perf_counter()
-    model, tokenizer, _ = models.load_dense(args.model, dtype=dtype, device=device)
-    result = pipeline.compress(model, tokenizer, compress_config)
-    model.to(getattr(torch, args.save_dtype))
-    base = args.model or models.DEFAULT_MODEL
-    path = checkpoint.save(
-        args.out, model, tokenizer, compress_config, result, base_model=base, overwrite=args.overwrite
-    )
+    save_dtype = getattr(torch, args.save_dtype)
+    out = Path(args.out).expanduser().resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Each compressed layer is written here as it is made, then moved into the checkpoint.
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.layers-", dir=out.parent))
+    try:
+        model, tokenizer = _load(args.model, dtype, device, scratch, save_dtype)
+        result = pipeline.compress(model, tokenizer, compress_config)
+        base = args.model or models.DEFAULT_MODEL
+        path = checkpoint.save(
+            out, model, tokenizer, compress_config, result, base, overwrite=args.overwrite, dtype=save_dtype
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     print(report.layer_table(result))
     print()
     print(report.summary_line(result))

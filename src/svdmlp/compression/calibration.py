@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -312,18 +313,28 @@ class Calibration:
         sources: list[list] = (),
         fisher: bool = False,
         seed: int = 0,
+        inputs: bool = True,
+        spill: Path | None = None,
     ) -> Calibration:
         """The dense model's Grams of layers ``indices`` on ``windows`` (drawn from ``sources``); with
         ``fisher``, also the output-gradient Grams (a forward and backward pass per window, the
-        model's own predictions sampled with ``seed``), attached to each layer's input Grams."""
-        grams = collect_grams(model, spec, windows, indices, progress=progress)
+        model's own predictions sampled with ``seed``), attached to each layer's input Grams.
+
+        Args:
+            inputs: collect the input Grams (sequential calibration without a sweep to share them
+                with makes its own, layer by layer).
+            spill: a directory to keep the output-gradient Grams in, one file per layer, rather than
+                in memory (see :func:`collect_output_grams`).
+        """
+        grams = collect_grams(model, spec, windows, indices, progress=progress) if inputs else {}
         outputs = (
-            collect_output_grams(model, spec, windows, indices, seed=seed, progress=progress)
+            collect_output_grams(model, spec, windows, indices, seed=seed, progress=progress, spill=spill)
             if fisher
             else {}
         )
         for index, entry in outputs.items():
-            grams[index].outputs = entry
+            if index in grams:
+                grams[index].outputs = entry
         return cls(grams, windows.numel(), tokens_hash(windows), [list(s) for s in sources], outputs)
 
     @property

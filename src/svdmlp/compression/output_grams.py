@@ -5,9 +5,10 @@ Input whitening weighs a projection's error ``E`` by how often each input direct
 (K-FAC) approximation of the Fisher, which also weighs the output directions by how much the loss
 cares about them (:func:`svdmlp.compression.decompose.two_sided_svd`).
 
-The dense model runs forward and backward over the calibration windows. Its parameters are frozen for
-the duration (no weight gradients are computed or kept); the gradient enters at the input embeddings,
-and forward hooks on the gate, up and down projections put a tensor hook on each output that adds the
+The dense model runs forward and backward over the calibration windows, one decoder layer at a time
+(so that a model on disk holds one layer, :mod:`svdmlp.lazy`). Its parameters are frozen for the
+duration (no weight gradients are computed or kept); the gradient enters at each layer's input, and
+forward hooks on the gate, up and down projections put a tensor hook on each output that adds the
 batch's ``gᵀg`` into a float64 accumulator. Every hook is removed, and the parameters'
 ``requires_grad`` restored, in ``finally``.
 
@@ -24,15 +25,19 @@ Two losses (``loss``):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from svdmlp import arch
+from svdmlp import arch, lazy
 from svdmlp.compression import decompose
 from svdmlp.compression.gram import accumulate_gram
+from svdmlp.compression.layer_inputs import capture, run_layer
 
 LOSSES = ("sampled", "labels")
 
@@ -41,21 +46,41 @@ LOSSES = ("sampled", "labels")
 class OutputGrams:
     """Float64 Grams of one MLP's output gradients: ``gate`` and ``up`` (inter²), ``down`` (hidden²).
 
-    Each whitening (at each damping) is computed once, when first asked for, and kept: one
-    eigendecomposition per Gram serves every damping (:meth:`decompose.Whitening.damped`).
+    Each whitening (at each damping) is computed once, when first asked for, and kept until
+    :meth:`forget`: one eigendecomposition per Gram serves every damping
+    (:meth:`decompose.Whitening.damped`). Grams kept on disk (:meth:`spill`) are read when asked for.
     """
 
-    gate: torch.Tensor
-    up: torch.Tensor
-    down: torch.Tensor
+    gate: torch.Tensor | None
+    up: torch.Tensor | None
+    down: torch.Tensor | None
     tokens: int = 0
+    path: Path | None = None  # where the Grams are kept when not in memory
     _whitenings: dict[tuple[str, float], decompose.Whitening] = field(
         default_factory=dict, repr=False, compare=False
     )
 
     def gram(self, projection: str) -> torch.Tensor:
         """The Gram of ``projection``'s output gradient ("gate", "up" or "down")."""
+        if self.path is not None:
+            with safe_open(self.path, framework="pt") as handle:
+                return handle.get_tensor(projection)
         return getattr(self, projection)
+
+    def spill(self, path: Path) -> None:
+        """Keep the Grams in the file ``path`` (in float64) from now on, not in memory."""
+        save_file({name: self.gram(name) for name in arch.PROJECTIONS}, path)
+        self.path, self.gate, self.up, self.down = path, None, None, None
+
+    def forget(self) -> None:
+        """Drop the whitenings computed so far (a model too big for memory makes them again when asked)."""
+        self._whitenings.clear()
+
+    def discard(self) -> None:
+        """Delete the file of spilled Grams: they will not be asked for again."""
+        self.forget()
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
     def whitening(self, projection: str, damping: float = 0.0) -> decompose.Whitening:
         """The root of :func:`decompose.damped_gram` ``(gram(projection), damping)``."""
@@ -102,6 +127,35 @@ def _gradient_gram_hook(target: torch.Tensor):
     return on_output
 
 
+class _Given(nn.Module):
+    """Stands in for a decoder layer: the last one returns the given hidden states, the others pass theirs on."""
+
+    def __init__(self, hidden: torch.Tensor | None):
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        return hidden_states if self.hidden is None else self.hidden
+
+
+def _head_gradient(model, spec, ids, hidden, loss, generator) -> torch.Tensor:
+    """The loss gradient at the last decoder layer's output ``hidden`` (the model's own final norm,
+    head and logit transforms between them, whatever the architecture)."""
+    layers = arch.decoder_layers(model, spec)
+    originals = list(layers)
+    given = hidden.detach().requires_grad_(True)
+    try:
+        for index in range(len(layers)):
+            layers[index] = _Given(given if index == len(layers) - 1 else None)
+        with torch.enable_grad():
+            logits = model(input_ids=ids, use_cache=False).logits
+            _loss(logits, ids, loss, generator).backward()
+    finally:
+        for index, layer in enumerate(originals):
+            layers[index] = layer
+    return given.grad
+
+
 def collect_output_grams(
     model: nn.Module,
     spec: arch.ArchSpec,
@@ -111,51 +165,88 @@ def collect_output_grams(
     batch_size: int = 1,
     seed: int = 0,
     progress: bool = True,
+    spill: Path | None = None,
 ) -> dict[int, OutputGrams]:
     """Run ``windows`` forward and backward through ``model``; the output-gradient Grams of the chosen layers.
+
+    Layer by layer, so that a model whose layers stay on disk (:mod:`svdmlp.lazy`) holds one at a
+    time: a forward pass keeps the hidden states entering each layer from the first chosen one on;
+    the head gives the loss gradient at the top; then each layer, from the last down, runs again on
+    its inputs with gradients and passes the gradient at its input down (the chosen layers' hooks
+    collect their projections' output gradients on the way).
 
     Args:
         windows: token windows ``(n, L)``, the BOS column already put first where the model wants one.
         loss: ``"sampled"`` (true Fisher) or ``"labels"`` (empirical Fisher), see the module docstring.
         seed: the seed of the ``"sampled"`` draws.
+        spill: a directory where each layer's Grams are kept as soon as they are made
+            (:meth:`OutputGrams.spill`): memory then holds one layer's at a time.
 
     The model is left as it was found: parameters' ``requires_grad`` and ``.grad``, its hooks, its mode.
     """
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     layers = arch.decoder_layers(model, spec)
-    device = next(model.parameters()).device
+    first, wanted = min(layer_indices), set(layer_indices)
     generator = torch.Generator().manual_seed(seed)
+    batches = capture(model, spec, windows, len(layers) - 1, batch_size)
+    inputs: dict[int, list[torch.Tensor]] = {}
+    with torch.no_grad():
+        for index, layer in enumerate(layers):
+            with lazy.held(model, layer):
+                for batch in batches:
+                    if index >= first:
+                        inputs.setdefault(index, []).append(batch.hidden)
+                    batch.hidden = run_layer(layer, batch.hidden, batch.kwargs[index])
     grams: dict[int, OutputGrams] = {}
-    handles = []
     parameters = list(model.parameters())
     requires_grad = [p.requires_grad for p in parameters]
+    device = batches[0].hidden.device
     try:
         for p in parameters:
             p.requires_grad_(False)
-        for index in layer_indices:
-            mlp = getattr(layers[index], spec.mlp)
-            gate = getattr(mlp, spec.gate)
-            entry = OutputGrams.zeros(gate.in_features, gate.out_features, device)
-            grams[index] = entry
-            for name in arch.PROJECTIONS:
-                projection = getattr(mlp, spec.projection(name))
-                handles.append(projection.register_forward_hook(_gradient_gram_hook(entry.gram(name))))
-
-        def start_graph(module, args, output):  # the gradient enters here: no weight gradients
-            return output.detach().requires_grad_(True)
-
-        handles.append(model.get_input_embeddings().register_forward_hook(start_graph))
-        for batch in tqdm(windows.split(batch_size), desc="output grams", unit="batch", disable=not progress):
-            batch = batch.to(device)
-            with torch.enable_grad():
-                logits = model(input_ids=batch, use_cache=False).logits
-                _loss(logits, batch, loss, generator).backward()
-            for index in layer_indices:
-                grams[index].tokens += batch.numel()
+        head = [model.get_input_embeddings(), model.get_output_embeddings()]
+        with lazy.held(model, *[module for module in head if module is not None]):
+            gradients = [
+                _head_gradient(model, spec, ids.to(device), batch.hidden, loss, generator)
+                for ids, batch in zip(windows.split(batch_size), batches, strict=True)
+            ]
+        order = range(len(layers) - 1, first - 1, -1)
+        for index in tqdm(order, desc="output grams", unit="layer", disable=not progress):
+            gradients = _backward_through(
+                model, spec, index, batches, inputs.pop(index), gradients, grams, wanted
+            )
+            if spill is not None and index in grams:
+                grams[index].spill(Path(spill) / f"output-grams-{index:05d}.safetensors")
     finally:
-        for handle in handles:
-            handle.remove()
         for p, flag in zip(parameters, requires_grad, strict=True):
             p.requires_grad_(flag)
     return grams
+
+
+def _backward_through(model, spec, index, batches, inputs, gradients, grams, wanted) -> list[torch.Tensor]:
+    """Run layer ``index`` again on its ``inputs`` and take the loss ``gradients`` at its output to
+    its input; a chosen layer adds its projections' output-gradient Grams into ``grams[index]``."""
+    layer = arch.decoder_layers(model, spec)[index]
+    handles = []
+    with lazy.held(model, layer):
+        if index in wanted:
+            mlp = getattr(layer, spec.mlp)
+            gate = getattr(mlp, spec.gate)
+            entry = grams[index] = OutputGrams.zeros(gate.in_features, gate.out_features, inputs[0].device)
+            for name in arch.PROJECTIONS:
+                projection = getattr(mlp, spec.projection(name))
+                handles.append(projection.register_forward_hook(_gradient_gram_hook(entry.gram(name))))
+        try:
+            below = []
+            for batch, hidden, gradient in zip(batches, inputs, gradients, strict=True):
+                given = hidden.detach().requires_grad_(True)
+                with torch.enable_grad():
+                    run_layer(layer, given, batch.kwargs[index]).backward(gradient)
+                below.append(given.grad)
+                if index in wanted:
+                    grams[index].tokens += hidden.shape[0] * hidden.shape[1]
+        finally:
+            for handle in handles:
+                handle.remove()
+    return below

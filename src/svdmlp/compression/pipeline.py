@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn as nn
 
-from svdmlp import arch
+from svdmlp import arch, lazy
 from svdmlp.compression import factorise, ranks, sensitivity, sequential
 from svdmlp.compression.calibration import (
     Calibration,
@@ -60,6 +60,11 @@ def _check_layers(config: CompressConfig, num_layers: int) -> list[int]:
 
 def _check_weights(model: nn.Module, spec: arch.ArchSpec, index: int, config: CompressConfig) -> str:
     """Reason to skip this layer's MLP, or "" to compress it; NaN/inf weights are an error."""
+    with lazy.held(model, arch.decoder_layers(model, spec)[index]):
+        return _check_loaded_weights(model, spec, index, config)
+
+
+def _check_loaded_weights(model: nn.Module, spec: arch.ArchSpec, index: int, config: CompressConfig) -> str:
     reason = ""
     for name in config.targets:
         linear = arch.dense_projection(model, spec, index, name)
@@ -104,10 +109,14 @@ def collect_calibration(
     return _collect(model, spec, windows, indices, progress, config, calibration_text)
 
 
-def _collect(model, spec, windows, indices, progress, config, calibration_text) -> Calibration:
+def _collect(model, spec, windows, indices, progress, config, calibration_text, inputs=True) -> Calibration:
     sources = source_weights(config, calibration_text)
     fisher = config.needs_output_grams
-    return Calibration.collect(model, spec, windows, indices, progress, sources, fisher, config.seed)
+    weights = lazy.of(model)
+    spill = None if weights is None else weights.scratch  # a model on disk: its Grams on disk too
+    return Calibration.collect(
+        model, spec, windows, indices, progress, sources, fisher, config.seed, inputs, spill
+    )
 
 
 def compress(
@@ -152,18 +161,24 @@ def compress(
         return drawn[key]
 
     grams, outputs, calibration_info = {}, {}, {}
+    collected_here = calibration is None  # Grams of our own, spilled to disk: deleted once used
     calibrated = time.perf_counter()
     if (config.needs_dense_grams or config.needs_output_grams) and to_compress:
         if calibration is None:
-            calibration = _collect(model, spec, windows(), to_compress, progress, config, calibration_text)
+            # Sequential calibration makes its own input Grams, and the allocation probes the dense
+            # model's one layer at a time: only one-shot factorising needs them all up front.
+            inputs = not config.sequential
+            calibration = _collect(
+                model, spec, windows(), to_compress, progress, config, calibration_text, inputs
+            )
         missing = sorted(set(to_compress) - set(calibration.grams))
-        if missing:
+        if missing and not config.sequential:
             raise ValueError(f"the calibration given has no Grams for layers {missing}")
         if config.needs_output_grams and set(to_compress) - set(calibration.outputs):
             raise ValueError(
                 "the calibration given has no output-gradient Grams, which method 'fisher' needs"
             )
-        grams = {i: calibration.grams[i] for i in to_compress}  # popped below; the caller's dict stays
+        grams = {i: calibration.grams[i] for i in to_compress if i in calibration.grams}  # popped below
         outputs = calibration.outputs
         calibration_info = calibration.info
     grams_used = bool(grams) or (config.sequential and bool(to_compress))
@@ -175,8 +190,12 @@ def compress(
         sources = len(source_weights(config, calibration_text))
         count, seq_len = probe_shape(sources, config.calibration.seq_len)
         probes = windows(count, seq_len, config.seed + 3)
+        if grams or not config.needs_calibration:
+            dense = ((index, grams.get(index)) for index in planned)
+        else:  # the dense model's Grams, made and dropped one layer at a time
+            dense = _dense_layers(model, spec, windows(), sorted(planned), outputs)
         planned, allocation = sensitivity.allocate(
-            model, spec, planned, grams, probes, config.keep, config.align, progress
+            model, spec, planned, dense, probes, config.keep, config.align, progress
         )
         timings["allocation"] = allocation["seconds"]
 
@@ -188,11 +207,17 @@ def compress(
         layers_in_order = sequential.calibrated_layers(
             model, spec, tokens, sorted(planned), keep_inputs=config.heals_closed_form, progress=progress
         )
+        previous = None
         for index, layer_grams, inputs in layers_in_order:
+            _store(model, layers, previous)  # it has run on the calibration windows: written, dropped
             begun = time.perf_counter()
             layer_grams.outputs = outputs.get(index)  # the dense model's: a one-shot approximation
             done_by_index[index] = factorise.layer(model, spec, index, planned[index], layer_grams, inputs)
+            if collected_here:
+                _discard(outputs.get(index))
             factorised += time.perf_counter() - begun
+            previous = index
+        _store(model, layers, previous)
         sequential_calibration = time.perf_counter() - sequential_started - factorised
         calibration_info = {
             "tokens": tokens.numel(),
@@ -211,11 +236,17 @@ def compress(
             records.append(done_by_index[index])
         else:
             layer_grams = grams.pop(index, None)  # free each layer's Grams as soon as it is done
-            records.append(factorise.layer(model, spec, index, planned[index], layer_grams))
+            with lazy.held(model, layers[index]):
+                records.append(factorise.layer(model, spec, index, planned[index], layer_grams))
+            _store(model, layers, index)
+            if collected_here:
+                _discard(outputs.get(index))
     done = time.perf_counter()
 
     healing = {}
     if teacher is not None:
+        if lazy.of(model) is not None:
+            lazy.of(model).pin()  # training keeps every factor; the dense teacher's MLPs still load per pass
         healing = _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, bos, progress)
         timings["healing"] = healing["seconds"]
     del teacher  # the dense MLPs it kept
@@ -235,6 +266,34 @@ def compress(
         healing=healing,
         allocation=allocation,
     )
+
+
+def _dense_layers(model, spec, tokens, indices, outputs):
+    """``(index, Grams)`` of the dense model's layers ``indices``, made one layer at a time (the
+    model is left dense between items), with their output-gradient Grams attached."""
+    for index, layer_grams, _ in sequential.calibrated_layers(model, spec, tokens, indices, progress=False):
+        layer_grams.outputs = outputs.get(index)
+        yield index, layer_grams
+        _forget(model, layer_grams)
+
+
+def _forget(model: nn.Module, layer_grams) -> None:
+    """Drop a layer's output-gradient whitenings once used, when the model is too big for memory."""
+    if lazy.of(model) is not None and layer_grams is not None and layer_grams.outputs is not None:
+        layer_grams.outputs.forget()
+
+
+def _discard(output_grams) -> None:
+    """Delete a layer's spilled output-gradient Grams once its layer is compressed."""
+    if output_grams is not None and output_grams.path is not None:
+        output_grams.discard()
+
+
+def _store(model: nn.Module, layers, index: int | None) -> None:
+    """Write compressed layer ``index`` to disk and drop it from memory, when the model lives on disk."""
+    weights = lazy.of(model)
+    if weights is not None and index is not None:
+        weights.store(layers[index])
 
 
 def _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, bos, progress) -> dict:

@@ -18,7 +18,7 @@ share the parameter budget out.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from svdmlp import arch
+from svdmlp import arch, lazy
 from svdmlp.compression import factorise, ranks
 from svdmlp.compression.calibration import LayerGrams, tokens_hash
 from svdmlp.compression.decompose import Factors
@@ -51,22 +51,22 @@ def _reconstructed(
             arch.dense_projection(model, spec, index, name).weight.data = data
 
 
-def _log_probs(model: nn.Module, windows: torch.Tensor) -> list[torch.Tensor]:
+def _log_probs(model: nn.Module, windows: torch.Tensor) -> torch.Tensor:
+    """Next-token log-probabilities of all ``windows`` in one forward pass (a model on disk loads each
+    layer once per pass)."""
     device = next(model.parameters()).device
-    return [
-        F.log_softmax(model(input_ids=batch.to(device), use_cache=False).logits.float(), dim=-1)
-        for batch in windows.split(1)
-    ]
+    return F.log_softmax(model(input_ids=windows.to(device), use_cache=False).logits.float(), dim=-1)
 
 
 @contextmanager
-def _recorded(layers: list[nn.Module]) -> Iterator[list[list]]:
-    """Inside the block, each decoder layer's output per forward pass is appended to its list."""
-    outputs = [[] for _ in layers]
-    handles = [
-        layer.register_forward_hook(lambda module, args, output, kept=kept: kept.append(output))
-        for layer, kept in zip(layers, outputs, strict=True)
-    ]
+def _recorded(layers: list[nn.Module]) -> Iterator[list]:
+    """Inside the block, each decoder layer's output of the (last) forward pass is kept."""
+    outputs = [None] * len(layers)
+
+    def keep(index):
+        return lambda module, args, output: outputs.__setitem__(index, output)
+
+    handles = [layer.register_forward_hook(keep(index)) for index, layer in enumerate(layers)]
     try:
         yield outputs
     finally:
@@ -74,18 +74,29 @@ def _recorded(layers: list[nn.Module]) -> Iterator[list[list]]:
             handle.remove()
 
 
+class _Replay(nn.Module):
+    """Stands in for a decoder layer before the probed one: returns its recorded output, computes
+    nothing (and, not being the layer, loads nothing of a model on disk)."""
+
+    def __init__(self, output):
+        super().__init__()
+        self.output = output
+
+    def forward(self, *args, **kwargs):
+        return self.output
+
+
 @contextmanager
-def _replayed(layers: list[nn.Module], outputs: list[list]) -> Iterator[None]:
-    """Inside the block, ``layers[j]`` returns ``outputs[j]`` one forward pass after another
-    without computing anything; its own ``forward`` is back after the block."""
+def _replayed(layers: nn.ModuleList, outputs: list, count: int) -> Iterator[None]:
+    """Inside the block, the first ``count`` decoder layers replay ``outputs``; the layers are back after it."""
+    originals = list(layers)
     try:
-        for layer, kept in zip(layers, outputs, strict=True):
-            replay = iter(kept)
-            layer.forward = lambda *args, replay=replay, **kwargs: next(replay)
+        for index in range(count):
+            layers[index] = _Replay(outputs[index])
         yield
     finally:
-        for layer in layers:
-            layer.__dict__.pop("forward", None)
+        for index, layer in enumerate(originals):
+            layers[index] = layer
 
 
 class Probe:
@@ -95,8 +106,8 @@ class Probe:
     @torch.no_grad()
     def __init__(self, model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor):
         self.model, self.spec, self.windows = model, spec, windows
-        self.layers = list(arch.decoder_layers(model, spec))
-        with _recorded(self.layers) as outputs:
+        self.layers = arch.decoder_layers(model, spec)
+        with _recorded(list(self.layers)) as outputs:
             self.dense = _log_probs(model, windows)
         self.outputs = outputs
 
@@ -104,18 +115,19 @@ class Probe:
     def divergence(self, index: int, factors: dict[str, Factors]) -> float:
         """KL (nats/token) from the dense model to the model with only layer ``index``'s projections
         replaced by ``factors``; the model is dense again afterwards."""
-        before = self.layers[:index]
-        with _reconstructed(self.model, self.spec, index, factors), _replayed(before, self.outputs[:index]):
+        with (
+            _reconstructed(self.model, self.spec, index, factors),
+            _replayed(self.layers, self.outputs, index),
+        ):
             probed = _log_probs(self.model, self.windows)
-        total = sum(float((p.exp() * (p - q)).sum()) for p, q in zip(self.dense, probed, strict=True))
-        return total / self.windows.numel()
+        return float((self.dense.exp() * (self.dense - probed)).sum()) / self.windows.numel()
 
 
 def allocate(
     model: nn.Module,
     spec: arch.ArchSpec,
     reference: dict[int, dict[str, int]],
-    grams: dict[int, LayerGrams],
+    grams: Iterable[tuple[int, LayerGrams | None]],
     windows: torch.Tensor,
     keep: float,
     align: int,
@@ -125,8 +137,10 @@ def allocate(
 
     Args:
         reference: the rank rule's ranks of each layer's projections (the probes' ranks).
-        grams: the dense Grams of those layers (a layer without them is probed with plain SVD); each
-            layer's whitenings stay with its Grams for the compression that follows.
+        grams: ``(index, Grams)`` of each of those layers in order, the dense model's (None: the layer
+            is probed with plain SVD); an iterator, so that the Grams can be made one layer at a time
+            (:func:`svdmlp.compression.sequential.calibrated_layers` on the dense model) and dropped
+            after the probe. Whitenings computed here stay with Grams the caller keeps.
         windows: the tokens the probes score.
 
     Returns:
@@ -136,20 +150,25 @@ def allocate(
     started = time.perf_counter()
     probe = Probe(model, spec, windows)
     layers = []
-    for index, planned in tqdm(reference.items(), desc="sensitivity", unit="layer", disable=not progress):
+    decoder_layers = arch.decoder_layers(model, spec)
+    steps = tqdm(grams, total=len(reference), desc="sensitivity", unit="layer", disable=not progress)
+    for index, layer_grams in steps:
+        planned = reference[index]
         factors, spectra = {}, []
-        for name, rank in planned.items():
-            linear = arch.dense_projection(model, spec, index, name)
-            decomposition = factorise.decomposition(linear.weight, grams.get(index), name)
-            factors[name] = decomposition.factors(rank)
-            spectra.append(
-                ranks.Spectrum(
-                    f"{index}.{name}", linear.in_features, linear.out_features, decomposition.energy
+        with lazy.held(model, decoder_layers[index]):
+            for name, rank in planned.items():
+                linear = arch.dense_projection(model, spec, index, name)
+                decomposition = factorise.decomposition(linear.weight, layer_grams, name)
+                factors[name] = decomposition.factors(rank)
+                spectra.append(
+                    ranks.Spectrum(
+                        f"{index}.{name}", linear.in_features, linear.out_features, decomposition.energy
+                    )
                 )
-            )
+            divergence = probe.divergence(index, factors)
         # A GLU MLP's matrices all cost hidden + intermediate per rank: the layer's first rank stands for all.
         rank = next(iter(planned.values()))
-        layers.append(ranks.LayerSensitivity(index, tuple(spectra), probe.divergence(index, factors), rank))
+        layers.append(ranks.LayerSensitivity(index, tuple(spectra), divergence, rank))
     allocated = ranks.allocate_layer_ranks(layers, keep, align)
     info = {
         "method": "measured-sensitivity",

@@ -19,75 +19,15 @@ generator, so it never calls back into the code that compresses.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from svdmlp import arch
+from svdmlp import arch, lazy
 from svdmlp.compression.calibration import LayerGrams
 from svdmlp.compression.gram import accumulate_gram
-
-
-class _Captured(Exception):
-    """Raised by the recorder of the last layer needed: the rest of the forward is not wanted."""
-
-
-@dataclass
-class _Batch:
-    """One batch of calibration windows on its way through the layers."""
-
-    hidden: torch.Tensor  # (batch, seq, hidden): input of the current layer in the compressed model
-    kwargs: list[dict]  # per decoder layer: the keyword arguments the model passes it
-
-
-class _Recorder(nn.Module):
-    """Stands in for a decoder layer during capture: records its inputs and computes nothing."""
-
-    def __init__(self, index: int, last: int, sink: list[dict]):
-        super().__init__()
-        self.index, self.last, self.sink = index, last, sink
-
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
-        self.sink.append({"hidden": hidden_states, "kwargs": kwargs} if self.index == 0 else kwargs)
-        if self.index == self.last:
-            raise _Captured
-        return hidden_states
-
-
-@torch.no_grad()
-def _capture(
-    model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor, last: int, batch_size: int
-) -> list[_Batch]:
-    """Each batch's hidden states entering layer 0 and the kwargs of layers ``0..last``."""
-    layers = arch.decoder_layers(model, spec)
-    originals = list(layers)
-    device = next(model.parameters()).device
-    sink: list[dict] = []
-    batches = []
-    try:
-        for index in range(last + 1):
-            layers[index] = _Recorder(index, last, sink)
-        for batch in windows.split(batch_size):
-            sink.clear()
-            try:
-                model(input_ids=batch.to(device), use_cache=False)
-            except _Captured:
-                pass
-            hidden = sink[0]["hidden"]
-            kwargs = [sink[0]["kwargs"], *sink[1:]]
-            batches.append(_Batch(hidden, kwargs))
-    finally:
-        for index, layer in enumerate(originals):
-            layers[index] = layer
-    return batches
-
-
-def _run(layer: nn.Module, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:
-    """A decoder layer's output hidden states (transformers 5 returns a tensor, older ones a tuple)."""
-    output = layer(hidden, **kwargs)
-    return output[0] if isinstance(output, tuple) else output
+from svdmlp.compression.layer_inputs import Batch, capture, run_layer
 
 
 class _Taps:
@@ -110,7 +50,7 @@ class _Taps:
 
 @torch.no_grad()
 def _calibrate_layer(
-    layer: nn.Module, spec: arch.ArchSpec, batches: list[_Batch], index: int, keep_inputs: bool
+    layer: nn.Module, spec: arch.ArchSpec, batches: list[Batch], index: int, keep_inputs: bool
 ) -> tuple[LayerGrams, list[torch.Tensor] | None]:
     """Grams of layer ``index``'s (still dense) MLP on the compressed model's inputs, and with
     ``keep_inputs`` the MLP's input batches themselves."""
@@ -121,7 +61,7 @@ def _calibrate_layer(
     inputs = [] if keep_inputs else None
     with _Taps(mlp, down) as taps:
         for batch in batches:
-            _run(layer, batch.hidden, batch.kwargs[index])
+            run_layer(layer, batch.hidden, batch.kwargs[index])
             accumulate_gram(grams.gate_up, taps.mlp_input)
             accumulate_gram(grams.down, taps.down_input)
             grams.tokens += taps.mlp_input.numel() // hidden
@@ -156,14 +96,15 @@ def calibrated_layers(
         return
     layers = arch.decoder_layers(model, spec)
     last = max(indices)
-    batches = _capture(model, spec, windows, last, batch_size)
+    batches = capture(model, spec, windows, last, batch_size)
     wanted = set(indices)
     for index in tqdm(range(last + 1), desc="sequential", unit="layer", disable=not progress):
-        if index in wanted:
-            grams, inputs = _calibrate_layer(layers[index], spec, batches, index, keep_inputs)
-            yield index, grams, inputs
-            del grams, inputs
-        if index == last:
-            break  # nothing after the last compressed layer needs its inputs
-        for batch in batches:
-            batch.hidden = _run(layers[index], batch.hidden, batch.kwargs[index])
+        with lazy.held(model, layers[index]):  # loaded once for calibration, compression and the run
+            if index in wanted:
+                grams, inputs = _calibrate_layer(layers[index], spec, batches, index, keep_inputs)
+                yield index, grams, inputs
+                del grams, inputs
+            if index == last:
+                break  # nothing after the last compressed layer needs its inputs
+            for batch in batches:
+                batch.hidden = run_layer(layers[index], batch.hidden, batch.kwargs[index])

@@ -1,0 +1,76 @@
+"""What a model feeds its decoder layers, so that they can be run one at a time.
+
+One forward pass with every decoder layer replaced by a recorder captures the hidden states entering
+layer 0 and each layer's keyword arguments (position embeddings, attention masks: local and global
+ones differ per layer in Gemma 2/3 and Qwen, position ids...). Layer-by-layer algorithms (sequential
+calibration, the output-gradient Grams) then run each layer on hidden states of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from svdmlp import arch
+
+
+class _Captured(Exception):
+    """Raised by the recorder of the last layer needed: the rest of the forward is not wanted."""
+
+
+@dataclass
+class Batch:
+    """One batch of calibration windows on its way through the layers."""
+
+    hidden: torch.Tensor  # (batch, seq, hidden): input of the current layer in the compressed model
+    kwargs: list[dict]  # per decoder layer: the keyword arguments the model passes it
+
+
+class _Recorder(nn.Module):
+    """Stands in for a decoder layer during capture: records its inputs and computes nothing."""
+
+    def __init__(self, index: int, last: int, sink: list[dict]):
+        super().__init__()
+        self.index, self.last, self.sink = index, last, sink
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.sink.append({"hidden": hidden_states, "kwargs": kwargs} if self.index == 0 else kwargs)
+        if self.index == self.last:
+            raise _Captured
+        return hidden_states
+
+
+@torch.no_grad()
+def capture(
+    model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor, last: int, batch_size: int
+) -> list[Batch]:
+    """Each batch's hidden states entering layer 0 and the kwargs of layers ``0..last``."""
+    layers = arch.decoder_layers(model, spec)
+    originals = list(layers)
+    device = next(model.parameters()).device
+    sink: list[dict] = []
+    batches = []
+    try:
+        for index in range(last + 1):
+            layers[index] = _Recorder(index, last, sink)
+        for batch in windows.split(batch_size):
+            sink.clear()
+            try:
+                model(input_ids=batch.to(device), use_cache=False)
+            except _Captured:
+                pass
+            hidden = sink[0]["hidden"]
+            kwargs = [sink[0]["kwargs"], *sink[1:]]
+            batches.append(Batch(hidden, kwargs))
+    finally:
+        for index, layer in enumerate(originals):
+            layers[index] = layer
+    return batches
+
+
+def run_layer(layer: nn.Module, hidden: torch.Tensor, kwargs: dict) -> torch.Tensor:
+    """A decoder layer's output hidden states (transformers 5 returns a tensor, older ones a tuple)."""
+    output = layer(hidden, **kwargs)
+    return output[0] if isinstance(output, tuple) else output

@@ -1,0 +1,153 @@
+"""Models whose layers stay on disk: the same outputs and the same compression as in memory, one
+layer loaded at a time, and nothing half-written when a run stops."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ARCH_CONFIGS, SAMPLE_TEXT, tiny_model
+from svdmlp import arch, checkpoint, lazy, models
+from svdmlp.cli import main
+from svdmlp.compression import factorise, pipeline
+from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
+
+IDS = torch.tensor([[1, 5, 9, 14, 3, 7, 11, 2]])
+
+
+def _saved(model_type, tokenizer, root, **overrides):
+    """A tiny model of ``model_type`` saved as a Hugging Face directory, and the model itself."""
+    model = tiny_model(model_type, num_hidden_layers=3, **overrides)
+    model.save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return model
+
+
+def _loaded_elements(model) -> int:
+    """Elements of the model's parameters that hold memory of their own (placeholders hold one)."""
+    return sum(p.numel() for p in model.parameters() if 0 not in p.stride() or p.dim() == 0)
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCH_CONFIGS))
+def test_a_model_on_disk_computes_what_it_computes_in_memory(model_type, tokenizer, tmp_path):
+    dense = _saved(model_type, tokenizer, tmp_path)
+    model, _, _ = models.load_lazy(str(tmp_path))
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, dense(IDS).logits)
+    spec = arch.of_model(model)
+    units = lazy.of(model).units
+    assert len(units) == 5  # the embeddings, three decoder layers, the LM head (tied or not)
+    # Between forward passes only the tensors outside the units (the final norm) are in memory.
+    in_units = {id(p) for unit in units for p in unit.parameters()}
+    outside = sum(p.numel() for p in model.parameters() if id(p) not in in_units)
+    assert 0 < _loaded_elements(model) == outside < 200
+    with lazy.held(model, arch.decoder_layers(model, spec)[1]):
+        weight = arch.dense_projection(model, spec, 1, "gate").weight
+        assert torch.equal(weight, arch.dense_projection(dense, spec, 1, "gate").weight)
+    assert torch.isnan(arch.dense_projection(model, spec, 1, "gate").weight).all()  # dropped again
+
+
+def test_tied_weights_stay_one_tensor(tokenizer, tmp_path):
+    _saved("gemma", tokenizer, tmp_path)
+    model, _, _ = models.load_lazy(str(tmp_path))
+    with lazy.held(model, model.get_output_embeddings()):
+        assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+        assert not torch.isnan(model.get_input_embeddings().weight).any()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def _config(**changes) -> CompressConfig:
+    """The default recipe in miniature: fisher, allocation, sequential, closed form, distillation."""
+    values = dict(
+        keep=0.5,
+        align=8,
+        method="fisher",
+        calibration=CalibrationSpec("text", 4, 32),
+        allocation="budget",
+        sequential=True,
+        heal="closed-form+lora",
+        lora=LoraSpec(4, 1e-4, 32),
+    )
+    values.update(changes)
+    return CompressConfig(**values)
+
+
+@pytest.mark.parametrize("heal", ["closed-form", "closed-form+lora"])
+def test_compressing_from_disk_gives_the_factors_compressing_in_memory_gives(tokenizer, tmp_path, heal):
+    in_memory = _saved("qwen2", tokenizer, tmp_path / "model")
+    config = _config(heal=heal)
+    pipeline.compress(in_memory, tokenizer, config, calibration_text=SAMPLE_TEXT, progress=False)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    model, _, _ = models.load_lazy(str(tmp_path / "model"), scratch=scratch)
+    report = pipeline.compress(model, tokenizer, config, calibration_text=SAMPLE_TEXT, progress=False)
+    path = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
+    loaded, _ = checkpoint.load(path)
+    expected = in_memory.state_dict()
+    for name, tensor in loaded.state_dict().items():
+        torch.testing.assert_close(tensor, expected[name], rtol=1e-4, atol=1e-5, msg=name)
+    if heal == "closed-form":  # the compressed layers went into the checkpoint as they were written
+        layer = checkpoint.read_metadata(path)["weights"]["files"][1]
+        assert (path / layer).stat().st_ino == (scratch / layer).stat().st_ino
+    with torch.no_grad():  # the model still reads its layers from where they were written
+        torch.testing.assert_close(model(IDS).logits, in_memory(IDS).logits, rtol=1e-3, atol=1e-3)
+
+
+def test_one_layer_of_a_model_on_disk_is_in_memory_at_a_time(tokenizer, tmp_path, monkeypatch):
+    _saved("llama", tokenizer, tmp_path / "model")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    model, _, _ = models.load_lazy(str(tmp_path / "model"), scratch=scratch)
+    layer_elements = sum(p.numel() for p in arch.decoder_layers(model, arch.of_model(model))[0].parameters())
+    embedding = model.get_input_embeddings().weight.numel()
+    peak = [0]
+    layer = factorise.layer
+
+    def watched(*args, **kwargs):
+        peak[0] = max(peak[0], _loaded_elements(model))
+        return layer(*args, **kwargs)
+
+    monkeypatch.setattr(factorise, "layer", watched)
+    pipeline.compress(
+        model, tokenizer, _config(heal="closed-form"), calibration_text=SAMPLE_TEXT, progress=False
+    )
+    assert 0 < peak[0] <= layer_elements + embedding  # the layer compressed (and the resident norms)
+    assert len(list(scratch.iterdir())) == 3  # each layer written as it was made
+
+
+def test_a_run_stopped_between_layers_leaves_the_previous_checkpoint(
+    tokenizer, tmp_path, monkeypatch, capsys
+):
+    _saved("llama", tokenizer, tmp_path / "model")
+    text = tmp_path / "calib.txt"
+    text.write_text(SAMPLE_TEXT)
+    out = tmp_path / "ckpt"
+    common = ["compress", str(tmp_path / "model"), "--calib", str(text), "--calib-samples", "4"]
+    common += [
+        "--calib-seq-len",
+        "32",
+        "--align",
+        "8",
+        "--heal",
+        "closed-form",
+        "--no-allocate",
+        "--out",
+        str(out),
+    ]
+    assert main([*common, "--keep", "0.5"]) == 0
+    before = json.loads((out / "svdmlp.json").read_text())
+    layer = factorise.layer
+
+    def stopped(model, spec, index, *args, **kwargs):
+        if index == 2:
+            raise KeyboardInterrupt
+        return layer(model, spec, index, *args, **kwargs)
+
+    monkeypatch.setattr(factorise, "layer", stopped)
+    assert main([*common, "--keep", "0.75", "--overwrite"]) != 0  # the command line says "interrupted"
+    assert json.loads((out / "svdmlp.json").read_text()) == before
+    checkpoint.load(out)  # every file as recorded
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.txt", "ckpt", "model"]  # no scratch left
+    shard = load_file(out / before["weights"]["files"][1])
+    assert "model.layers.0.mlp.down_v_t" in shard
