@@ -194,13 +194,15 @@ class LayerGrams:
 
     Each Gram's whitening is computed once, when first asked for, and kept with it: the allocation
     probe and the compression of a layer, and every keep of a sweep, share one eigendecomposition
-    (25 s for Qwen2.5-0.5B's 4864² down Gram on 2 cores), at the price of holding it beside the Gram.
+    (25 s for Qwen2.5-0.5B's 4864² down Gram on 2 cores), at the price of holding it beside the Gram;
+    with ``keep_whitenings`` off (a model too big for memory) none is kept.
     """
 
     gate_up: torch.Tensor
     down: torch.Tensor
     tokens: int = 0
     outputs: OutputGrams | None = None
+    keep_whitenings: bool = True
     _whitenings: dict[str, decompose.Whitening] = field(default_factory=dict, repr=False, compare=False)
 
     @staticmethod
@@ -215,6 +217,8 @@ class LayerGrams:
     def whitening(self, projection: str) -> decompose.Whitening:
         """The whitening of ``projection``'s input (gate and up share one)."""
         key = self._input_of(projection)
+        if not self.keep_whitenings:
+            return self._whitenings.get(key) or decompose.Whitening.from_gram(getattr(self, key))
         if key not in self._whitenings:
             self._whitenings[key] = decompose.Whitening.from_gram(getattr(self, key))
         return self._whitenings[key]

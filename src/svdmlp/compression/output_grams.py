@@ -46,44 +46,58 @@ LOSSES = ("sampled", "labels")
 class OutputGrams:
     """Float64 Grams of one MLP's output gradients: ``gate`` and ``up`` (inter²), ``down`` (hidden²).
 
-    Each whitening (at each damping) is computed once, when first asked for, and kept until
-    :meth:`forget`: one eigendecomposition per Gram serves every damping
-    (:meth:`decompose.Whitening.damped`). Grams kept on disk (:meth:`spill`) are read when asked for.
+    In memory, each whitening (at each damping) is computed once, when first asked for, and kept: one
+    eigendecomposition per Gram serves every damping (:meth:`decompose.Whitening.damped`). Spilled to
+    disk (:meth:`spill`), the Grams are replaced by their eigendecompositions in a file, read when
+    asked for and never kept: a big model's Grams are made once and used twice (allocation probes, then
+    the factorisation), one projection at a time.
     """
 
     gate: torch.Tensor | None
     up: torch.Tensor | None
     down: torch.Tensor | None
     tokens: int = 0
-    path: Path | None = None  # where the Grams are kept when not in memory
+    path: Path | None = None  # the spilled eigendecompositions
     _whitenings: dict[tuple[str, float], decompose.Whitening] = field(
         default_factory=dict, repr=False, compare=False
     )
 
     def gram(self, projection: str) -> torch.Tensor:
-        """The Gram of ``projection``'s output gradient ("gate", "up" or "down")."""
-        if self.path is not None:
-            with safe_open(self.path, framework="pt") as handle:
-                return handle.get_tensor(projection)
-        return getattr(self, projection)
+        """The Gram of ``projection``'s output gradient ("gate", "up" or "down"); spilled, rebuilt from
+        its eigendecomposition (eigenvalues floored as every whitening floors them)."""
+        if self.path is None:
+            return getattr(self, projection)
+        base = self._spilled(projection)
+        return (base.basis * base.root.square()) @ base.basis.T
+
+    def _spilled(self, projection: str) -> decompose.Whitening:
+        with safe_open(self.path, framework="pt") as handle:
+            return decompose.Whitening(
+                handle.get_tensor(f"{projection}.basis"), handle.get_tensor(f"{projection}.root")
+            )
 
     def spill(self, path: Path) -> None:
-        """Keep the Grams in the file ``path`` (in float64) from now on, not in memory."""
-        save_file({name: self.gram(name) for name in arch.PROJECTIONS}, path)
-        self.path, self.gate, self.up, self.down = path, None, None, None
-
-    def forget(self) -> None:
-        """Drop the whitenings computed so far (a model too big for memory makes them again when asked)."""
-        self._whitenings.clear()
+        """Replace the Grams by their eigendecompositions in the file ``path`` (float64), one Gram
+        decomposed and dropped at a time."""
+        tensors = {}
+        for name in arch.PROJECTIONS:
+            base = decompose.Whitening.from_gram(getattr(self, name))
+            setattr(self, name, None)
+            tensors.update({f"{name}.basis": base.basis.contiguous(), f"{name}.root": base.root})
+            del base
+        save_file(tensors, path)
+        self.path = path
 
     def discard(self) -> None:
-        """Delete the file of spilled Grams: they will not be asked for again."""
-        self.forget()
+        """Delete the spilled file: it will not be asked for again."""
         if self.path is not None:
             self.path.unlink(missing_ok=True)
 
     def whitening(self, projection: str, damping: float = 0.0) -> decompose.Whitening:
         """The root of :func:`decompose.damped_gram` ``(gram(projection), damping)``."""
+        if self.path is not None:
+            base = self._spilled(projection)
+            return base if damping == 0 else base.damped(damping)
         key = (projection, float(damping))
         if key not in self._whitenings:
             base = self._whitenings.get((projection, 0.0))
@@ -190,13 +204,13 @@ def collect_output_grams(
     first, wanted = min(layer_indices), set(layer_indices)
     generator = torch.Generator().manual_seed(seed)
     batches = capture(model, spec, windows, len(layers) - 1, batch_size)
-    inputs: dict[int, list[torch.Tensor]] = {}
+    inputs = _LayerInputs(spill)
     with torch.no_grad():
         for index, layer in enumerate(layers):
             with lazy.held(model, layer):
+                if index >= first:
+                    inputs.put(index, [batch.hidden for batch in batches])
                 for batch in batches:
-                    if index >= first:
-                        inputs.setdefault(index, []).append(batch.hidden)
                     batch.hidden = run_layer(layer, batch.hidden, batch.kwargs[index])
     grams: dict[int, OutputGrams] = {}
     parameters = list(model.parameters())
@@ -214,7 +228,7 @@ def collect_output_grams(
         order = range(len(layers) - 1, first - 1, -1)
         for index in tqdm(order, desc="output grams", unit="layer", disable=not progress):
             gradients = _backward_through(
-                model, spec, index, batches, inputs.pop(index), gradients, grams, wanted
+                model, spec, index, batches, inputs.take(index), gradients, grams, wanted
             )
             if spill is not None and index in grams:
                 grams[index].spill(Path(spill) / f"output-grams-{index:05d}.safetensors")
@@ -222,6 +236,32 @@ def collect_output_grams(
         for p, flag in zip(parameters, requires_grad, strict=True):
             p.requires_grad_(flag)
     return grams
+
+
+class _LayerInputs:
+    """The hidden states entering each layer, in memory or, with ``spill``, one file per layer."""
+
+    def __init__(self, spill: Path | None):
+        self.spill, self.kept = spill, {}
+
+    def _path(self, index: int) -> Path:
+        return Path(self.spill) / f"inputs-{index:05d}.safetensors"
+
+    def put(self, index: int, batches: list[torch.Tensor]) -> None:
+        if self.spill is None:
+            self.kept[index] = batches
+        else:
+            save_file({str(k): batch.contiguous() for k, batch in enumerate(batches)}, self._path(index))
+
+    def take(self, index: int) -> list[torch.Tensor]:
+        """The inputs of layer ``index``, forgotten here."""
+        if self.spill is None:
+            return self.kept.pop(index)
+        path = self._path(index)
+        with safe_open(path, framework="pt") as handle:
+            batches = [handle.get_tensor(str(k)) for k in range(len(handle.keys()))]
+        path.unlink()
+        return batches
 
 
 def _backward_through(model, spec, index, batches, inputs, gradients, grams, wanted) -> list[torch.Tensor]:

@@ -212,6 +212,7 @@ def compress(
             _store(model, layers, previous)  # it has run on the calibration windows: written, dropped
             begun = time.perf_counter()
             layer_grams.outputs = outputs.get(index)  # the dense model's: a one-shot approximation
+            layer_grams.keep_whitenings = lazy.of(model) is None  # a big model's: one at a time
             done_by_index[index] = factorise.layer(model, spec, index, planned[index], layer_grams, inputs)
             if collected_here:
                 _discard(outputs.get(index))
@@ -273,19 +274,13 @@ def _dense_layers(model, spec, tokens, indices, outputs):
     model is left dense between items), with their output-gradient Grams attached."""
     for index, layer_grams, _ in sequential.calibrated_layers(model, spec, tokens, indices, progress=False):
         layer_grams.outputs = outputs.get(index)
+        layer_grams.keep_whitenings = lazy.of(model) is None
         yield index, layer_grams
-        _forget(model, layer_grams)
-
-
-def _forget(model: nn.Module, layer_grams) -> None:
-    """Drop a layer's output-gradient whitenings once used, when the model is too big for memory."""
-    if lazy.of(model) is not None and layer_grams is not None and layer_grams.outputs is not None:
-        layer_grams.outputs.forget()
 
 
 def _discard(output_grams) -> None:
     """Delete a layer's spilled output-gradient Grams once its layer is compressed."""
-    if output_grams is not None and output_grams.path is not None:
+    if output_grams is not None:
         output_grams.discard()
 
 
