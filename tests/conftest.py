@@ -224,10 +224,11 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
 
 
 def assert_cli_error(capsys, command: str, argv, *phrases: str) -> str:
-    """Run ``argv``; expect exit 2 and exactly one stderr line ``svdmlp COMMAND: error: ...``."""
+    """Run ``argv``; expect exit 2 and exactly one stderr line ``svdmlp COMMAND: error: ...`` (after
+    the prediction ``compress`` states first, when it got that far)."""
     code, out, err = run_cli(capsys, *argv)
     assert code == 2, (out, err)
-    lines = err.strip().splitlines()
+    lines = [line for line in err.strip().splitlines() if not line.startswith("svdmlp: predicted: ")]
     assert len(lines) == 1, err
     line = lines[0]
     assert line.startswith(f"svdmlp {command}: error: "), line

@@ -201,13 +201,6 @@ class DiskWeights:
     def _first_names(self) -> dict[int, str]:
         return {id(p): name for name, p in self.model.named_parameters()}
 
-    def pin(self) -> None:
-        """Load every unit for good (what training needs: optimizers keep the parameters); what
-        :meth:`store` wrote may change, so none of it is kept as is."""
-        for unit in self.units:
-            self._acquire(unit)
-        self.stored.clear()
-
 
 def shard_name(position: int, units: int) -> str:
     """The file of unit ``position`` among ``units`` (the last file, ``units``, holds the rest of the model)."""

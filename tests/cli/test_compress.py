@@ -18,10 +18,11 @@ TINY = ["--effort", "fast", "--align", "8", "--calib-samples", "4", "--calib-seq
 def test_compress_prints_layer_table_and_summary(compressed, tmp_path, capsys):
     model_dir, text, _ = compressed
     out_dir = tmp_path / "out"
-    code, out, _ = run_cli(
+    code, out, err = run_cli(
         capsys, "compress", model_dir, "--keep", "0.5", "--calib", text, *TINY, "--out", out_dir
     )
     assert code == 0
+    assert err.startswith("svdmlp: predicted: peak memory ")  # before any work
     lines = out.splitlines()
     assert lines[0].split() == [
         "layer",
@@ -204,3 +205,11 @@ def test_effort_presets_fill_every_option_not_given():
     )
     plain = _config("--method", "svd")  # no calibration: no sequential pass, no closed form
     assert (plain.sequential, plain.heal, plain.allocation) == (False, "lora", "budget")
+
+
+def test_a_plan_over_the_memory_allowed_is_refused_before_any_work(compressed, tmp_path, capsys):
+    model_dir, text, _ = compressed
+    argv = ["compress", model_dir, "--calib", text, *TINY, "--max-memory", "0.01", "--out", tmp_path / "out"]
+    line = assert_cli_error(capsys, "compress", argv, "predicted to need", "GB allowed (--max-memory)")
+    assert "error: the " in line
+    assert not (tmp_path / "out").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +75,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default="bfloat16",
         help="dtype of the saved weights (default bfloat16)",
     )
+    p.add_argument(
+        "--max-memory",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="refuse before any work when the predicted peak memory (the first line printed) exceeds "
+        "this many GB (default: the memory this machine has available)",
+    )
     p.add_argument("--out", required=True, help="checkpoint directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace an existing svdmlp checkpoint at --out")
     options.add_json(p, "the compression report (config, ranks, errors, timings)")
@@ -112,13 +121,38 @@ def config(args: argparse.Namespace) -> CompressConfig:
     )
 
 
-def _load(name, dtype, device, scratch, save_dtype):
+def _check_footprint(args: argparse.Namespace, compress_config):
+    """Print the predicted peak memory and time (to stderr, with the progress bars); refuse a plan
+    whose peak exceeds ``--max-memory``. Returns the prediction."""
+    from svdmlp import models
+    from svdmlp.compression import footprint
+
+    location, model_config = models.load_config(args.model)
+    shapes = footprint.Shapes.of_config(model_config)
+    layers = len(compress_config.layers) if compress_config.layers is not None else shapes.layers
+    on_disk = Path(location).is_dir()
+    predicted = footprint.predict(shapes, compress_config, layers, on_disk, footprint.Rates.measure())
+    print(f"svdmlp: {predicted.line()}", file=sys.stderr, flush=True)
+    limit = args.max_memory * footprint.GB if args.max_memory is not None else footprint.available_memory()
+    step, peak = predicted.peak
+    if limit is not None and peak > limit:
+        advice = (
+            " (pass --heal closed-form: distillation holds the whole model)" if step == "distillation" else ""
+        )
+        raise ValueError(
+            f"the {step} step is predicted to need {peak / footprint.GB:.1f} GB, more than the "
+            f"{limit / footprint.GB:.1f} GB allowed (--max-memory){advice}"
+        )
+    return predicted
+
+
+def _load(name, dtype, device, scratch):
     """The dense model with its layers on disk (memory holds one at a time), or in memory when it
     is not a local directory (a hub id: transformers downloads and loads it whole)."""
     from svdmlp import models
 
     try:
-        model, tokenizer, _ = models.load_lazy(name, dtype, device, scratch, save_dtype)
+        model, tokenizer, _ = models.load_lazy(name, dtype, device, scratch)
     except models.NotLocal:
         model, tokenizer, _ = models.load_dense(name, dtype=dtype, device=device)
     return model, tokenizer
@@ -133,14 +167,16 @@ def run(args: argparse.Namespace) -> options.Outcome:
     compress_config = config(args)
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
     device, dtype = options.runtime(args)
+    predicted = _check_footprint(args, compress_config)
     started = time.perf_counter()
     save_dtype = getattr(torch, args.save_dtype)
     out = Path(args.out).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Each compressed layer is written here as it is made, then moved into the checkpoint.
+    # Each compressed layer is written here as it is made (in the compute dtype, which distillation
+    # trains), then into the checkpoint in --save-dtype.
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.layers-", dir=out.parent))
     try:
-        model, tokenizer = _load(args.model, dtype, device, scratch, save_dtype)
+        model, tokenizer = _load(args.model, dtype, device, scratch)
         result = pipeline.compress(model, tokenizer, compress_config)
         base = args.model or models.DEFAULT_MODEL
         path = checkpoint.save(
@@ -156,5 +192,10 @@ def run(args: argparse.Namespace) -> options.Outcome:
         print(healing)
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result.timings.items())
     print(f"compress wall time {time.perf_counter() - started:.1f} s ({phases}); saved {path}")
-    record = {"checkpoint": str(path), "config": compress_config.to_dict(), "report": result.to_dict()}
+    record = {
+        "checkpoint": str(path),
+        "config": compress_config.to_dict(),
+        "report": result.to_dict(),
+        "predicted": {"memory_bytes": predicted.memory, "seconds": predicted.seconds},
+    }
     return options.Outcome(0, record)

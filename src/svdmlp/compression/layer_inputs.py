@@ -74,3 +74,34 @@ def run_layer(layer: nn.Module, hidden: torch.Tensor, kwargs: dict) -> torch.Ten
     """A decoder layer's output hidden states (transformers 5 returns a tensor, older ones a tuple)."""
     output = layer(hidden, **kwargs)
     return output[0] if isinstance(output, tuple) else output
+
+
+class _Given(nn.Module):
+    """Stands in for a decoder layer: the last one returns the given hidden states, the others pass theirs on."""
+
+    def __init__(self, hidden: torch.Tensor | None):
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        return hidden_states if self.hidden is None else self.hidden
+
+
+def head_gradient(
+    model: nn.Module, spec: arch.ArchSpec, ids: torch.Tensor, hidden: torch.Tensor, loss
+) -> tuple[float, torch.Tensor]:
+    """``loss(logits)`` of the last decoder layer's output ``hidden`` and its gradient there: the
+    model's own final norm, head and logit transforms run between them, whatever the architecture."""
+    layers = arch.decoder_layers(model, spec)
+    originals = list(layers)
+    given = hidden.detach().requires_grad_(True)
+    try:
+        for index in range(len(layers)):
+            layers[index] = _Given(given if index == len(layers) - 1 else None)
+        with torch.enable_grad():
+            value = loss(model(input_ids=ids, use_cache=False).logits)
+            value.backward()
+    finally:
+        for index, layer in enumerate(originals):
+            layers[index] = layer
+    return float(value), given.grad

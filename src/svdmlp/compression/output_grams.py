@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from svdmlp import arch, lazy
 from svdmlp.compression import decompose
 from svdmlp.compression.gram import accumulate_gram
-from svdmlp.compression.layer_inputs import capture, run_layer
+from svdmlp.compression.layer_inputs import capture, head_gradient, run_layer
 
 LOSSES = ("sampled", "labels")
 
@@ -141,35 +141,6 @@ def _gradient_gram_hook(target: torch.Tensor):
     return on_output
 
 
-class _Given(nn.Module):
-    """Stands in for a decoder layer: the last one returns the given hidden states, the others pass theirs on."""
-
-    def __init__(self, hidden: torch.Tensor | None):
-        super().__init__()
-        self.hidden = hidden
-
-    def forward(self, hidden_states: torch.Tensor, **kwargs) -> torch.Tensor:
-        return hidden_states if self.hidden is None else self.hidden
-
-
-def _head_gradient(model, spec, ids, hidden, loss, generator) -> torch.Tensor:
-    """The loss gradient at the last decoder layer's output ``hidden`` (the model's own final norm,
-    head and logit transforms between them, whatever the architecture)."""
-    layers = arch.decoder_layers(model, spec)
-    originals = list(layers)
-    given = hidden.detach().requires_grad_(True)
-    try:
-        for index in range(len(layers)):
-            layers[index] = _Given(given if index == len(layers) - 1 else None)
-        with torch.enable_grad():
-            logits = model(input_ids=ids, use_cache=False).logits
-            _loss(logits, ids, loss, generator).backward()
-    finally:
-        for index, layer in enumerate(originals):
-            layers[index] = layer
-    return given.grad
-
-
 def collect_output_grams(
     model: nn.Module,
     spec: arch.ArchSpec,
@@ -205,8 +176,9 @@ def collect_output_grams(
     generator = torch.Generator().manual_seed(seed)
     batches = capture(model, spec, windows, len(layers) - 1, batch_size)
     inputs = _LayerInputs(spill)
+    forward = tqdm(layers, desc="output grams (forward)", unit="layer", disable=not progress)
     with torch.no_grad():
-        for index, layer in enumerate(layers):
+        for index, layer in enumerate(forward):
             with lazy.held(model, layer):
                 if index >= first:
                     inputs.put(index, [batch.hidden for batch in batches])
@@ -222,11 +194,17 @@ def collect_output_grams(
         head = [model.get_input_embeddings(), model.get_output_embeddings()]
         with lazy.held(model, *[module for module in head if module is not None]):
             gradients = [
-                _head_gradient(model, spec, ids.to(device), batch.hidden, loss, generator)
+                head_gradient(
+                    model,
+                    spec,
+                    ids.to(device),
+                    batch.hidden,
+                    lambda logits, ids=ids: _loss(logits, ids.to(device), loss, generator),
+                )[1]
                 for ids, batch in zip(windows.split(batch_size), batches, strict=True)
             ]
         order = range(len(layers) - 1, first - 1, -1)
-        for index in tqdm(order, desc="output grams", unit="layer", disable=not progress):
+        for index in tqdm(order, desc="output grams (backward)", unit="layer", disable=not progress):
             gradients = _backward_through(
                 model, spec, index, batches, inputs.take(index), gradients, grams, wanted
             )

@@ -246,8 +246,6 @@ def compress(
 
     healing = {}
     if teacher is not None:
-        if lazy.of(model) is not None:
-            lazy.of(model).pin()  # training keeps every factor; the dense teacher's MLPs still load per pass
         healing = _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, bos, progress)
         timings["healing"] = healing["seconds"]
     del teacher  # the dense MLPs it kept

@@ -16,6 +16,8 @@ bf16).
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,9 +26,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from svdmlp import arch, lowrank
+from svdmlp import arch, lazy, lowrank
+from svdmlp.compression.layer_inputs import capture, head_gradient, run_layer
 from svdmlp.config import LoraSpec
 
 # Fraction of the steps spent warming the learning rate up (at least one step).
@@ -167,6 +171,9 @@ def distill(
 ) -> DistillResult:
     """Train ``model``'s low-rank factors for ``spec.steps`` steps, one window of ``windows`` each.
 
+    A model whose layers stay on disk (:mod:`svdmlp.lazy`) is trained one layer at a time
+    (:func:`_layer_by_layer_step`), with the same result.
+
     Args:
         windows: training tokens ``(steps, seq_len)``.
         validation: a few other windows of each calibration source, by name, on which the KL is
@@ -176,51 +183,34 @@ def distill(
     Raises:
         ValueError: if the model has no low-rank modules, or the loss stops being finite.
     """
-    factors = [p for m in lowrank.lowrank_modules(model) for p in m.parameters()]
-    if not factors:
+    if not lowrank.lowrank_modules(model):
         raise ValueError("nothing to heal: the model has no low-rank MLP modules")
     started = time.perf_counter()
-    device = next(model.parameters()).device
     if not validation:
         raise ValueError("healing needs validation windows of at least one source")
     kl_before = kl_by_source(model, teacher, validation)
-    before = [p.detach().clone() for p in factors]
     was_training = model.training
     model.eval()  # deterministic forward (no dropout) for both student and teacher
-    with _trainable_factors(model) as pairs:
-        masters = [master for _, master in pairs]
-        optimizer = torch.optim.AdamW(masters, lr=spec.lr, weight_decay=0.0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(spec.steps))
+    weights = lazy.of(model)
+    trainer = _InMemory(model, spec) if weights is None else _OnDisk(model, weights, spec)
+    with trainer:
         bar = tqdm(range(spec.steps), desc="healing", unit="step", disable=not progress)
         for step in bar:
-            ids = windows[step % len(windows)][None].to(device)
+            ids = windows[step % len(windows)][None].to(next(model.parameters()).device)
             target = _teacher_logits(model, teacher, ids)
-            loss = token_kl(model(input_ids=ids, use_cache=False).logits, target)
-            if not torch.isfinite(loss):
+            loss = trainer.step(ids, target, spec.lr * _schedule(spec.steps)(step))
+            if not math.isfinite(loss):
                 raise ValueError(
-                    f"healing diverged: the loss is {loss.item()} at step {step}; lower the learning "
+                    f"healing diverged: the loss is {loss} at step {step}; lower the learning "
                     "rate (--heal-lr) or check the model for inf/NaN activations"
                 )
-            loss.backward()
-            for parameter, master in pairs:
-                if master is not parameter:
-                    master.grad = parameter.grad.float()
-                    parameter.grad = None
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            with torch.no_grad():
-                for parameter, master in pairs:
-                    if master is not parameter:
-                        parameter.copy_(master)
-            bar.set_postfix(kl=f"{loss.item():.4f}")
+            bar.set_postfix(kl=f"{loss:.4f}")
     model.train(was_training)
     kl_after = kl_by_source(model, teacher, validation)
     reverted = _mean(kl_after) > _mean(kl_before)
     if reverted:  # healing must never leave the model further from the dense one than it found it
-        with torch.no_grad():
-            for parameter, saved in zip(factors, before, strict=True):
-                parameter.copy_(saved)
+        trainer.restore()
+    trainer.close()
     return DistillResult(
         steps=spec.steps,
         tokens=spec.steps * windows.shape[1],
@@ -230,3 +220,160 @@ def distill(
         reverted=reverted,
         kl_by_source={name: {"before": kl_before[name], "after": kl_after[name]} for name in validation},
     )
+
+
+class _InMemory:
+    """Training of a model in memory: one AdamW over every factor (float32 master copies)."""
+
+    def __init__(self, model: nn.Module, spec: LoraSpec):
+        self.model = model
+        self.factors = [p for m in lowrank.lowrank_modules(model) for p in m.parameters()]
+        self.before = [p.detach().clone() for p in self.factors]
+        self.lr = spec.lr
+
+    def __enter__(self):
+        self._context = _trainable_factors(self.model)
+        self.pairs = self._context.__enter__()
+        self.optimizer = torch.optim.AdamW([master for _, master in self.pairs], lr=self.lr, weight_decay=0.0)
+        return self
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
+
+    def step(self, ids: torch.Tensor, target: torch.Tensor, lr: float) -> float:
+        loss = token_kl(self.model(input_ids=ids, use_cache=False).logits, target)
+        if not torch.isfinite(loss):
+            return float(loss)
+        loss.backward()
+        for parameter, master in self.pairs:
+            if master is not parameter:
+                master.grad = parameter.grad.float()
+                parameter.grad = None
+        self.optimizer.param_groups[0]["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for parameter, master in self.pairs:
+                if master is not parameter:
+                    parameter.copy_(master)
+        return float(loss)
+
+    def restore(self) -> None:
+        """Put back the factors from before training."""
+        with torch.no_grad():
+            for parameter, saved in zip(self.factors, self.before, strict=True):
+                parameter.copy_(saved)
+
+    def close(self) -> None:
+        self.before.clear()
+
+
+class _OnDisk:
+    """Training of a model whose layers stay on disk, one decoder layer at a time.
+
+    Each step runs the layers forward keeping their inputs (a window's hidden states per layer), takes
+    the loss gradient at the top, then runs each layer again from the last down, with gradients: its
+    factors' gradients are complete once its backward has run (the layers above were run with their
+    weights from before the step), so its AdamW step is taken there and the layer written back, with
+    its optimizer state in a file beside it. Without gradient clipping this is the same update as one
+    AdamW over all factors. The factors are the layers' own float32 files (no master copies).
+    """
+
+    def __init__(self, model: nn.Module, weights: lazy.DiskWeights, spec: LoraSpec):
+        self.model, self.weights = model, weights
+        self.spec = arch.of_model(model)
+        self.layers = arch.decoder_layers(model, self.spec)
+        self.trained = [layer for layer in self.layers if lowrank.lowrank_modules(layer)]
+        if weights.dtype != torch.float32 or weights.store_dtype != torch.float32:
+            raise ValueError(
+                "distillation of a model on disk trains its stored layers in place, in float32: "
+                "pass --dtype float32"
+            )
+        if any(id(layer) not in weights.stored for layer in self.trained):
+            raise ValueError("distillation of a model on disk needs its compressed layers stored first")
+        self.before = {}
+        for layer in self.trained:  # hard links: a stored layer is rewritten by replacing its file
+            path = weights.stored[id(layer)][0]
+            saved = path.with_name(path.name + ".before")
+            saved.unlink(missing_ok=True)
+            os.link(path, saved)
+            self.before[path] = saved
+
+    def __enter__(self):
+        self.frozen = [(p, p.requires_grad) for p in self.model.parameters()]
+        for p, _ in self.frozen:
+            p.requires_grad_(False)
+        self.backend = lowrank.lowrank_modules(self.model)[0].backend
+        lowrank.set_backend(self.model, "torch")  # the Triton kernels have no backward pass
+        return self
+
+    def __exit__(self, *exc):
+        lowrank.set_backend(self.model, self.backend)
+        for p, flag in self.frozen:
+            p.requires_grad_(flag)
+
+    def step(self, ids: torch.Tensor, target: torch.Tensor, lr: float) -> float:
+        batch = capture(self.model, self.spec, ids, len(self.layers) - 1, 1)[0]
+        inputs, hidden = [], batch.hidden
+        with torch.no_grad():
+            for index, layer in enumerate(self.layers):
+                with lazy.held(self.model, layer):
+                    inputs.append(hidden)
+                    hidden = run_layer(layer, hidden, batch.kwargs[index])
+        loss, gradient = head_gradient(
+            self.model, self.spec, ids, hidden, lambda logits: token_kl(logits, target)
+        )
+        if not math.isfinite(loss):
+            return loss
+        for index in reversed(range(len(self.layers))):
+            layer = self.layers[index]
+            with lazy.held(self.model, layer):
+                factors = [p for module in lowrank.lowrank_modules(layer) for p in module.parameters()]
+                for parameter in factors:
+                    parameter.requires_grad_(True)
+                given = inputs.pop().detach().requires_grad_(True)
+                with torch.enable_grad():
+                    run_layer(layer, given, batch.kwargs[index]).backward(gradient)
+                gradient = given.grad
+                if factors:
+                    self._adamw(layer, factors, lr)
+                    self.weights.store(layer)
+                for parameter in factors:
+                    parameter.requires_grad_(False)
+        return loss
+
+    def _adamw(self, layer: nn.Module, factors: list[nn.Parameter], lr: float) -> None:
+        """One AdamW step on ``factors``, its state read from and written to the layer's state file."""
+        path = self.weights.stored[id(layer)][0]
+        state_path = path.with_name(path.name + ".adamw")
+        optimizer = torch.optim.AdamW(factors, lr=lr, weight_decay=0.0)
+        if state_path.is_file():
+            saved = load_file(state_path)
+            for k, parameter in enumerate(factors):
+                optimizer.state[parameter] = {
+                    key: saved[f"{k}.{key}"] for key in ("step", "exp_avg", "exp_avg_sq")
+                }
+        with torch.no_grad():
+            optimizer.step()
+        state = {
+            f"{k}.{key}": optimizer.state[p][key]
+            for k, p in enumerate(factors)
+            for key in ("step", "exp_avg", "exp_avg_sq")
+        }
+        save_file(state, state_path)
+        for parameter in factors:
+            parameter.grad = None
+
+    def restore(self) -> None:
+        """Put back every trained layer's file from before training."""
+        for path, saved in self.before.items():
+            os.replace(saved, path)
+        self.before.clear()
+
+    def close(self) -> None:
+        """Delete the copies from before training and the optimizer states."""
+        for saved in self.before.values():
+            saved.unlink(missing_ok=True)
+        for layer in self.trained:
+            path = self.weights.stored[id(layer)][0]
+            path.with_name(path.name + ".adamw").unlink(missing_ok=True)

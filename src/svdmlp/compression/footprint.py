@@ -1,0 +1,206 @@
+"""What a compression will need, from the model's shapes alone: the predicted peak memory of each
+step and the time it takes, stated before any work starts (``svdmlp compress``'s first line) and
+checked against ``--max-memory``.
+
+Memory is counted as the step's largest live tensors: weights loaded in float32, Gram matrices and
+eigendecompositions in float64 (an ``n × n`` eigendecomposition holds the symmetrised copy, the
+eigenvectors and LAPACK's ``2n²`` workspace at once), logits in float32, calibration activations, plus
+the interpreter with torch and transformers loaded. Time is counted in floating-point operations at
+rates measured on this machine in a fraction of a second (:meth:`Rates.measure`): forward passes at the
+float32 matrix-product rate, Gram accumulation at the float64 one, eigendecompositions as
+``EIGH_FLOPS·n³`` at the float64 one.
+BENCHMARKS.md compares both with measured runs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from svdmlp.config import CompressConfig
+
+GB = 1e9
+# The interpreter with torch, transformers and svdmlp imported (measured: 0.26 GB).
+BASE_BYTES = 0.27 * GB
+F32, F64 = 4, 8
+# Live float32 copies of a window's logits while its loss and gradient are formed (logits, softmax,
+# log-softmax, gradient).
+LOGIT_COPIES = 4
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The sizes of a decoder-only model that its compression's cost depends on."""
+
+    hidden: int
+    inter: int
+    layers: int
+    vocab: int
+    layer_params: int  # one decoder layer's parameters (attention, MLP, norms)
+    tied: bool
+
+    @classmethod
+    def of_config(cls, config) -> Shapes:
+        text = getattr(config, "text_config", config)
+        hidden, inter = text.hidden_size, text.intermediate_size
+        heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or hidden // heads
+        kv = getattr(text, "num_key_value_heads", None) or heads
+        attention = hidden * head_dim * (2 * heads + 2 * kv)
+        return cls(
+            hidden=hidden,
+            inter=inter,
+            layers=text.num_hidden_layers,
+            vocab=text.vocab_size,
+            layer_params=attention + 3 * hidden * inter + 2 * hidden,
+            tied=bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))),
+        )
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.vocab * self.hidden * (1 if self.tied else 2)
+
+
+# Floating-point operations of an n × n float64 eigendecomposition (tridiagonalisation and divide and
+# conquer with eigenvectors), as c·n³ at the float64 product rate: 7 fits torch.linalg.eigh at
+# n = 2048 and 4096 on the development machine (1.6 s and 12.1 s).
+EIGH_FLOPS = 7.0
+
+
+@dataclass(frozen=True)
+class Rates:
+    """This machine's speeds of float32 and float64 matrix products (FLOP/s)."""
+
+    f32: float
+    f64: float
+
+    @classmethod
+    def measure(cls) -> Rates:
+        """Time a 1024³ product in each precision (about 0.3 s on 2 cores)."""
+
+        def rate(matrix: torch.Tensor) -> float:
+            matrix @ matrix  # warm up
+            started = time.perf_counter()
+            matrix @ matrix
+            return 2 * matrix.shape[0] ** 3 / (time.perf_counter() - started)
+
+        a = torch.randn(1024, 1024)
+        return cls(f32=rate(a), f64=rate(a.double()))
+
+    def eigh(self, n: int) -> float:
+        """Seconds of an ``n × n`` float64 eigendecomposition."""
+        return EIGH_FLOPS * n**3 / self.f64
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The predicted peak bytes and seconds of each step of one compression."""
+
+    memory: dict[str, float]
+    seconds: dict[str, float]
+
+    @property
+    def peak(self) -> tuple[str, float]:
+        """The step whose memory is the largest, and that memory in bytes."""
+        step = max(self.memory, key=self.memory.get)
+        return step, self.memory[step]
+
+    def line(self) -> str:
+        step, peak = self.peak
+        total = sum(self.seconds.values())
+        slowest = max(self.seconds, key=self.seconds.get)
+        return (
+            f"predicted: peak memory {peak / GB:.1f} GB ({step}), time {_duration(total)} "
+            f"({slowest} {_duration(self.seconds[slowest])}), from the model's shapes"
+        )
+
+
+def available_memory() -> float | None:
+    """Bytes of memory available to a new allocation (``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _eigh_bytes(n: int) -> float:
+    """A float64 eigendecomposition's transients: the symmetrised copy, the eigenvectors, the workspace."""
+    return 4 * n * n * F64
+
+
+def predict(
+    shapes: Shapes, config: CompressConfig, compressed: int, on_disk: bool, rates: Rates
+) -> Footprint:
+    """The footprint of compressing ``compressed`` decoder layers of a model of ``shapes`` as ``config``
+    says, its weights read from disk one unit at a time (``on_disk``) or held in memory."""
+    h, i, vocab = shapes.hidden, shapes.inter, shapes.vocab
+    calibration = config.calibration
+    tokens = calibration.num_samples * (calibration.seq_len + 1)
+    window = calibration.seq_len + 1
+    layer = shapes.layer_params * F32
+    embedding = vocab * h * F32 * (1 if shapes.tied else 2)
+    model = BASE_BYTES + (0 if on_disk else shapes.params * F32)
+    hidden_states = tokens * h * F32
+    input_grams = (h * h + i * i) * F64
+    output_grams = (2 * i * i + h * h) * F64
+    memory, seconds = {}, {}
+    forward = 2 * shapes.params * tokens  # FLOPs of one pass over the calibration windows
+    if not config.needs_calibration:
+        memory["factorisation"] = model + layer + 2 * i * h * F64
+        seconds["factorisation"] = compressed * 3 * 4 * h * h * i / rates.f64
+        return Footprint(memory, seconds)
+    if config.needs_output_grams:
+        held = output_grams if on_disk else compressed * output_grams
+        head = embedding + window * vocab * F32 * LOGIT_COPIES
+        memory["output Grams"] = model + max(head, layer + held + _eigh_bytes(i) + 2 * hidden_states)
+        seconds["output Grams"] = (
+            3 * forward / rates.f32
+            + compressed * tokens * 2 * (2 * i * i + h * h) / rates.f64
+            + compressed * 2 * rates.eigh(i)
+        )
+    probe_tokens = 512
+    per_layer = model + layer + input_grams + hidden_states
+    if config.allocation == "budget":
+        probe = embedding + probe_tokens * vocab * F32 * 3
+        memory["allocation"] = per_layer + max(_eigh_bytes(i) + i * i * F64, probe)
+        seconds["allocation"] = compressed * (
+            tokens * 2 * (h * h + i * i) / rates.f64
+            + (rates.eigh(i) + rates.eigh(h))
+            + 2 * shapes.params * probe_tokens / 2 / rates.f32
+        )
+    closed_form = (2 * i * i * F64 + hidden_states) if config.heals_closed_form else 0
+    memory["factorisation"] = (
+        per_layer + closed_form + _eigh_bytes(i) + (0 if on_disk else compressed * input_grams)
+    )
+    seconds["factorisation"] = (
+        (forward / rates.f32 if config.sequential else 0)
+        + compressed * tokens * 2 * (h * h + i * i) / rates.f64
+        + compressed * (rates.eigh(i) * (2 if config.heals_closed_form else 1) + rates.eigh(h))
+        + compressed * 3 * 4 * h * h * i / rates.f64
+    )
+    if config.heals_lora:
+        rank = max(1, int(config.keep * h * i / (h + i)))
+        logits = (config.lora.seq_len + 1) * vocab * F32 * LOGIT_COPIES * 2  # the teacher's and the student's
+        if on_disk:  # one layer, its factors' gradients and AdamW state, the window's layer inputs
+            layer_factors = 3 * (h + i) * rank * F32
+            step = layer + 3 * layer_factors + shapes.layers * (config.lora.seq_len + 1) * h * F32
+            memory["distillation"] = model + max(embedding + logits, step)
+        else:
+            factors = compressed * 3 * (h + i) * rank
+            memory["distillation"] = model + factors * 3 * F32 + logits
+        seconds["distillation"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / rates.f32
+    return Footprint(memory, seconds)

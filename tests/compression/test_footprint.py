@@ -1,0 +1,58 @@
+"""Predicted memory and time of a compression, from the model's shapes."""
+
+import pytest
+
+from conftest import tiny_config
+from svdmlp.compression import footprint
+from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
+
+RATES = footprint.Rates(f32=50e9, f64=25e9)
+LLAMA_1B = footprint.Shapes(
+    hidden=2048, inter=8192, layers=16, vocab=128256, layer_params=60_821_504, tied=True
+)
+
+
+def _config(**changes) -> CompressConfig:
+    values = dict(
+        keep=0.8,
+        method="fisher",
+        calibration=CalibrationSpec("general", 16, 512),
+        allocation="budget",
+        sequential=True,
+        heal="closed-form",
+    )
+    values.update(changes)
+    return CompressConfig(**values)
+
+
+def test_shapes_of_a_config_count_the_model():
+    config = tiny_config("llama")
+    shapes = footprint.Shapes.of_config(config)
+    assert (shapes.hidden, shapes.inter, shapes.layers, shapes.vocab) == (64, 96, 2, 320)
+    attention = 64 * 16 * (2 * 4 + 2 * 2)  # head_dim 16, 4 heads, 2 key-value heads
+    assert shapes.layer_params == attention + 3 * 64 * 96 + 2 * 64
+
+
+def test_a_model_on_disk_needs_a_layer_not_the_model():
+    on_disk = footprint.predict(LLAMA_1B, _config(), 2, True, RATES).peak[1]
+    in_memory = footprint.predict(LLAMA_1B, _config(), 2, False, RATES).peak[1]
+    assert on_disk < in_memory - LLAMA_1B.params * 4 * 0.9
+    four = footprint.predict(LLAMA_1B, _config(), 4, True, RATES).peak[1]
+    assert four == pytest.approx(on_disk, rel=0.01)  # memory does not grow with the layers compressed
+
+
+def test_distillation_holds_the_whole_model_only_in_memory():
+    config = _config(heal="closed-form+lora", lora=LoraSpec(16, 3e-5, 512))
+    in_memory = footprint.predict(LLAMA_1B, config, 16, False, RATES)
+    assert in_memory.memory["distillation"] > LLAMA_1B.params * 4
+    on_disk = footprint.predict(LLAMA_1B, config, 16, True, RATES)
+    assert on_disk.memory["distillation"] < LLAMA_1B.params * 4  # less than the model in float32
+
+
+def test_time_grows_with_the_layers_and_the_line_says_it():
+    two = footprint.predict(LLAMA_1B, _config(), 2, True, RATES)
+    four = footprint.predict(LLAMA_1B, _config(), 4, True, RATES)
+    assert sum(four.seconds.values()) > sum(two.seconds.values())
+    line = two.line()
+    assert line.startswith("predicted: peak memory ") and "GB" in line and "time" in line
+    assert footprint.Rates(1.0, 2.0).eigh(10) == footprint.EIGH_FLOPS * 1000 / 2.0
