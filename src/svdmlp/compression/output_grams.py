@@ -71,10 +71,9 @@ class OutputGrams:
         return (base.basis * base.root.square()) @ base.basis.T
 
     def _spilled(self, projection: str) -> decompose.Whitening:
-        with safe_open(self.path, framework="pt") as handle:
-            return decompose.Whitening(
-                handle.get_tensor(f"{projection}.basis"), handle.get_tensor(f"{projection}.root")
-            )
+        with safe_open(self.path, framework="pt") as handle:  # the basis stored transposed, see spill
+            basis = handle.get_tensor(f"{projection}.basis_t").mT
+            return decompose.Whitening(basis, handle.get_tensor(f"{projection}.root"))
 
     def spill(self, path: Path) -> None:
         """Replace the Grams by their eigendecompositions in the file ``path`` (float64), one Gram
@@ -83,7 +82,8 @@ class OutputGrams:
         for name in arch.PROJECTIONS:
             base = decompose.Whitening.from_gram(getattr(self, name))
             setattr(self, name, None)
-            tensors.update({f"{name}.basis": base.basis.contiguous(), f"{name}.root": base.root})
+            # eigh's eigenvectors are column-major: their transpose is stored without a copy.
+            tensors.update({f"{name}.basis_t": base.basis.mT.contiguous(), f"{name}.root": base.root})
             del base
         save_file(tensors, path)
         self.path = path
