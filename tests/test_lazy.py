@@ -73,10 +73,18 @@ def _config(**changes) -> CompressConfig:
     return CompressConfig(**values)
 
 
-@pytest.mark.parametrize("heal", ["closed-form", "closed-form+lora"])
-def test_compressing_from_disk_gives_the_factors_compressing_in_memory_gives(tokenizer, tmp_path, heal):
+RECIPES = {
+    "default": {},
+    "no-distillation": {"heal": "closed-form"},
+    "one-shot": {"sequential": False, "heal": "none", "allocation": "uniform"},
+    "one-shot-allocated": {"sequential": False, "heal": "none", "method": "whiten"},
+}
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_compressing_from_disk_gives_the_factors_compressing_in_memory_gives(tokenizer, tmp_path, recipe):
     in_memory = _saved("qwen2", tokenizer, tmp_path / "model")
-    config = _config(heal=heal)
+    config = _config(**RECIPES[recipe])
     pipeline.compress(in_memory, tokenizer, config, calibration_text=SAMPLE_TEXT, progress=False)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -87,7 +95,7 @@ def test_compressing_from_disk_gives_the_factors_compressing_in_memory_gives(tok
     expected = in_memory.state_dict()
     for name, tensor in loaded.state_dict().items():
         torch.testing.assert_close(tensor, expected[name], rtol=1e-4, atol=1e-5, msg=name)
-    if heal == "closed-form":  # the compressed layers went into the checkpoint as they were written
+    if recipe == "no-distillation":  # the compressed layers went into the checkpoint as they were written
         layer = checkpoint.read_metadata(path)["weights"]["files"][1]
         assert (path / layer).stat().st_ino == (scratch / layer).stat().st_ino
     with torch.no_grad():  # the model still reads its layers from where they were written

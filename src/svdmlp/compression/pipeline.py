@@ -163,16 +163,19 @@ def compress(
     grams, outputs, calibration_info = {}, {}, {}
     collected_here = calibration is None  # Grams of our own, spilled to disk: deleted once used
     calibrated = time.perf_counter()
-    if (config.needs_dense_grams or config.needs_output_grams) and to_compress:
-        if calibration is None:
-            # Sequential calibration makes its own input Grams, and the allocation probes the dense
-            # model's one layer at a time: only one-shot factorising needs them all up front.
-            inputs = not config.sequential
-            calibration = _collect(
-                model, spec, windows(), to_compress, progress, config, calibration_text, inputs
-            )
+    # The output-gradient Grams are made up front (a backward pass needs the whole model); the input
+    # Grams one layer at a time, as each layer's turn comes, except for one-shot factorising of a
+    # model in memory after budget allocation, which reuses the probes' Grams and their whitenings.
+    reuse = not config.sequential and config.allocation == "budget" and lazy.of(model) is None
+    if (
+        calibration is None
+        and (config.needs_output_grams or reuse and config.needs_calibration)
+        and to_compress
+    ):
+        calibration = _collect(model, spec, windows(), to_compress, progress, config, calibration_text, reuse)
+    if calibration is not None and config.needs_calibration and to_compress:
         missing = sorted(set(to_compress) - set(calibration.grams))
-        if missing and not config.sequential:
+        if missing and not config.sequential and not collected_here:
             raise ValueError(f"the calibration given has no Grams for layers {missing}")
         if config.needs_output_grams and set(to_compress) - set(calibration.outputs):
             raise ValueError(
@@ -181,7 +184,7 @@ def compress(
         grams = {i: calibration.grams[i] for i in to_compress if i in calibration.grams}  # popped below
         outputs = calibration.outputs
         calibration_info = calibration.info
-    grams_used = bool(grams) or (config.sequential and bool(to_compress))
+    grams_used = config.needs_calibration and bool(to_compress)
     teacher = distill.DenseTeacher(model, spec, to_compress) if config.heals_lora and to_compress else None
 
     factorising = time.perf_counter()
@@ -200,12 +203,19 @@ def compress(
         timings["allocation"] = allocation["seconds"]
 
     done_by_index, sequential_calibration = {}, 0.0
-    if config.sequential and to_compress:
+    layer_by_layer = config.sequential or (config.needs_calibration and not grams)
+    if layer_by_layer and to_compress:
         grams.clear()  # only the ranks came from the dense Grams
         sequential_started, factorised = time.perf_counter(), 0.0
         tokens = windows()
         layers_in_order = sequential.calibrated_layers(
-            model, spec, tokens, sorted(planned), keep_inputs=config.heals_closed_form, progress=progress
+            model,
+            spec,
+            tokens,
+            sorted(planned),
+            keep_inputs=config.heals_closed_form,
+            progress=progress,
+            dense=not config.sequential,
         )
         previous = None
         for index, layer_grams, inputs in layers_in_order:
@@ -224,7 +234,7 @@ def compress(
             "tokens": tokens.numel(),
             "sha256": tokens_hash(tokens),
             "sources": source_weights(config, calibration_text),
-            "sequential": True,
+            **({"sequential": True} if config.sequential else {}),
         }
     records = []
     for index in range(len(layers)):

@@ -79,6 +79,7 @@ def calibrated_layers(
     keep_inputs: bool = False,
     batch_size: int = 4,
     progress: bool = True,
+    dense: bool = False,
 ) -> Iterator[tuple[int, LayerGrams, list[torch.Tensor] | None]]:
     """Yield ``(index, grams, inputs)`` for layers ``indices`` in order, each calibrated on the model as
     the caller has compressed it so far.
@@ -91,6 +92,8 @@ def calibrated_layers(
         indices: decoder layers to calibrate; the others only carry the hidden states forward.
         keep_inputs: also yield the MLP's input batches (closed-form healing refits down on them);
             otherwise ``inputs`` is None.
+        dense: carry the dense layers' outputs forward whatever the caller does to them: each
+            layer is calibrated on the dense model (one-shot calibration, one layer at a time).
     """
     if not indices:
         return
@@ -98,13 +101,18 @@ def calibrated_layers(
     last = max(indices)
     batches = capture(model, spec, windows, last, batch_size)
     wanted = set(indices)
-    for index in tqdm(range(last + 1), desc="sequential", unit="layer", disable=not progress):
-        with lazy.held(model, layers[index]):  # loaded once for calibration, compression and the run
+    desc = "one-shot" if dense else "sequential"
+    for index in tqdm(range(last + 1), desc=desc, unit="layer", disable=not progress):
+        layer = layers[index]
+        with lazy.held(model, layer):  # loaded once for calibration, compression and the run
+            after = None
+            if dense and index < last:  # the dense layer's outputs, before the caller compresses it
+                after = [run_layer(layer, batch.hidden, batch.kwargs[index]) for batch in batches]
             if index in wanted:
-                grams, inputs = _calibrate_layer(layers[index], spec, batches, index, keep_inputs)
+                grams, inputs = _calibrate_layer(layer, spec, batches, index, keep_inputs)
                 yield index, grams, inputs
                 del grams, inputs
             if index == last:
                 break  # nothing after the last compressed layer needs its inputs
-            for batch in batches:
-                batch.hidden = run_layer(layers[index], batch.hidden, batch.kwargs[index])
+            for k, batch in enumerate(batches):
+                batch.hidden = after[k] if dense else run_layer(layer, batch.hidden, batch.kwargs[index])

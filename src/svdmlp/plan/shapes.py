@@ -51,15 +51,21 @@ SMALL_MODELS: tuple[MLPShape, ...] = (
 )
 
 # The built-in models of svdmlp.models not timed by default (their config.json values).
-OTHER_MODELS: tuple[MLPShape, ...] = (MLPShape("gemma-3-270m", 640, 2048, 18, "gemma3_text"),)
+OTHER_MODELS: tuple[MLPShape, ...] = (
+    MLPShape("gemma-3-270m", 640, 2048, 18, "gemma3_text"),
+    MLPShape("qwen2.5-1.5b", 1536, 8960, 28, "qwen2"),
+)
 
 BUILTIN: dict[str, MLPShape] = {shape.name: shape for shape in PAPER_MODELS + SMALL_MODELS + OTHER_MODELS}
-# The built-in models of svdmlp.models share these shapes (Qwen2.5-Coder-0.5B is Qwen2.5-0.5B's).
+# The built-in models of svdmlp.models share these shapes (Qwen2.5-Coder-0.5B is Qwen2.5-0.5B's,
+# Qwen2.5-Coder-1.5B Qwen2.5-1.5B's).
 ALIASES = {
     "default": "smollm2-135m",
     "smollm2-135m-instruct": "smollm2-135m",
     "qwen2.5-coder-0.5b": "qwen2.5-0.5b",
     "qwen2.5-coder-0.5b-instruct": "qwen2.5-0.5b",
+    "qwen2.5-coder-1.5b": "qwen2.5-1.5b",
+    "qwen2.5-coder-1.5b-instruct": "qwen2.5-1.5b",
 }
 # A name that stands for a group of models.
 GROUPS = {"paper": tuple(shape.name for shape in PAPER_MODELS)}

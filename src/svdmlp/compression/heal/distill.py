@@ -256,7 +256,7 @@ class _InMemory:
             for parameter, master in self.pairs:
                 if master is not parameter:
                     parameter.copy_(master)
-        return float(loss)
+        return float(loss.detach())
 
     def restore(self) -> None:
         """Put back the factors from before training."""
