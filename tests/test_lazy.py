@@ -2,6 +2,8 @@
 layer loaded at a time, and nothing half-written when a run stops."""
 
 import json
+import os
+import signal
 
 import pytest
 import torch
@@ -124,36 +126,28 @@ def test_one_layer_of_a_model_on_disk_is_in_memory_at_a_time(tokenizer, tmp_path
     assert len(list(scratch.iterdir())) == 3  # each layer written as it was made
 
 
-def test_a_run_stopped_between_layers_leaves_the_previous_checkpoint(
-    tokenizer, tmp_path, monkeypatch, capsys
-):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_a_run_stopped_between_layers_leaves_the_previous_checkpoint(tokenizer, tmp_path, monkeypatch, stop):
     _saved("llama", tokenizer, tmp_path / "model")
     text = tmp_path / "calib.txt"
     text.write_text(SAMPLE_TEXT)
     out = tmp_path / "ckpt"
     common = ["compress", str(tmp_path / "model"), "--calib", str(text), "--calib-samples", "4"]
-    common += [
-        "--calib-seq-len",
-        "32",
-        "--align",
-        "8",
-        "--heal",
-        "closed-form",
-        "--no-allocate",
-        "--out",
-        str(out),
-    ]
+    common += ["--calib-seq-len", "32", "--align", "8", "--heal", "closed-form", "--no-allocate"]
+    common += ["--out", str(out)]
     assert main([*common, "--keep", "0.5"]) == 0
     before = json.loads((out / "svdmlp.json").read_text())
     layer = factorise.layer
 
     def stopped(model, spec, index, *args, **kwargs):
-        if index == 2:
+        if index == 2 and stop == "ctrl-c":
             raise KeyboardInterrupt
+        if index == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
         return layer(model, spec, index, *args, **kwargs)
 
     monkeypatch.setattr(factorise, "layer", stopped)
-    assert main([*common, "--keep", "0.75", "--overwrite"]) != 0  # the command line says "interrupted"
+    assert main([*common, "--keep", "0.75", "--overwrite"]) == (130 if stop == "ctrl-c" else 143)
     assert json.loads((out / "svdmlp.json").read_text()) == before
     checkpoint.load(out)  # every file as recorded
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.txt", "ckpt", "model"]  # no scratch left

@@ -13,13 +13,13 @@ compressed layer) to a file of its own and reads it from there afterwards.
 
 Tied parameters (an embedding shared with the LM head) stay one tensor: a parameter is replaced in
 every slot that holds it. Holds are counted per parameter, so a tied weight stays loaded while any
-unit that uses it is held. Without gradients only: autograd would keep a dropped parameter alive.
+unit that uses it is held. A forward pass with gradients must hold its unit until its backward has
+run (as distillation and the output-gradient Grams do): autograd keeps the parameters it saw.
 """
 
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +32,8 @@ from safetensors.torch import save_file
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
-_STORES: weakref.WeakKeyDictionary[nn.Module, DiskWeights] = weakref.WeakKeyDictionary()
+# The model attribute that holds its DiskWeights (a plain attribute: nn.Module keeps it out of state dicts).
+_ATTRIBUTE = "_svdmlp_disk_weights"
 
 
 def tensor_files(directory: str | Path) -> dict[str, Path]:
@@ -50,7 +51,7 @@ def tensor_files(directory: str | Path) -> dict[str, Path]:
 
 
 class _OnDisk:
-    """One on-disk parameter: its meta placeholder, where it lies, and its loaded copy while held."""
+    """One on-disk parameter: its hollow placeholder, where it lies, and its loaded copy while held."""
 
     def __init__(self, placeholder: nn.Parameter, path: Path, name: str):
         self.placeholder, self.path, self.name = placeholder, path, name
@@ -101,7 +102,7 @@ class DiskWeights:
         self.stored: dict[
             int, tuple[Path, torch.dtype]
         ] = {}  # id(unit) -> its file and dtype, while unchanged
-        _STORES[model] = self
+        setattr(model, _ATTRIBUTE, self)
 
     def _on_call(self, module: nn.Module, args) -> None:
         self._calls.setdefault(id(module), []).append(self._acquire(module))
@@ -219,7 +220,7 @@ def units_of(model: nn.Module, layers: nn.ModuleList) -> list[nn.Module]:
 
 def of(model: nn.Module) -> DiskWeights | None:
     """The model's :class:`DiskWeights`, or None when it is wholly in memory."""
-    return _STORES.get(model)
+    return getattr(model, _ATTRIBUTE, None)
 
 
 @contextmanager

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
+import threading
 
 from svdmlp import __version__
 from svdmlp.cli import bench, compress, evaluate, generate, info, options, plan, sweep
@@ -34,8 +36,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(Exception):
+    """SIGTERM, raised where the command is, so that its cleanups (scratch and staging directories) run."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        return _run(args)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _run(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     json_target = getattr(args, "json", None)
     # With --json -, standard output carries the JSON alone: the report goes to standard error.
     report_stream = sys.stderr if json_target == "-" else sys.stdout
@@ -52,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("terminated", file=sys.stderr)
+        return 143
     if json_target == "-":
         options.write_json(outcome.record, "-")
     return outcome.code

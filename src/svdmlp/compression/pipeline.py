@@ -10,6 +10,11 @@
 5. heal by distillation if asked, and report.
 
 Each step lives in its own module and gets what it needs as arguments; none calls back into this one.
+
+A model whose layers stay on disk (:mod:`svdmlp.lazy`, what ``svdmlp compress`` loads) goes through the
+same steps in bounded memory: every step works one decoder layer at a time, the output-gradient Grams
+are kept on disk, and each compressed layer is written to disk (:meth:`~svdmlp.lazy.DiskWeights.store`)
+once it has run on the calibration windows.
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ class _InMemory:
     def step(self, ids: torch.Tensor, target: torch.Tensor, lr: float) -> float:
         loss = token_kl(self.model(input_ids=ids, use_cache=False).logits, target)
         if not torch.isfinite(loss):
-            return float(loss)
+            return float(loss.detach())
         loss.backward()
         for parameter, master in self.pairs:
             if master is not parameter:
