@@ -113,7 +113,7 @@ def _write_weights(
 ) -> tuple[list[str], dict[str, str]]:
     """Write the model's tensors to ``staging``, one file per unit (:func:`svdmlp.lazy.units_of`) and
     one for the rest, each unit loaded only while it is written (one that
-    :meth:`~svdmlp.lazy.DiskWeights.store` wrote in ``dtype`` is moved as it is); the files' names,
+    :meth:`~svdmlp.lazy.DiskWeights.store` wrote in ``dtype`` is linked as it is); the files' names,
     and the alias -> stored-name map of tied tensors."""
     weights = lazy.of(model)
     spec = arch.of_model(model)

@@ -373,6 +373,17 @@ def load_lazy(
     return model.eval(), tokenizer, location
 
 
+def load_for_compression(name: str | None, dtype: torch.dtype, device: str, scratch: str | os.PathLike):
+    """``(model, tokenizer)`` to compress: its layers on disk (:func:`load_lazy`, compressed layers
+    written to ``scratch``) when the model is a local directory or built in, else (a hub id) whole in
+    memory as transformers downloads and loads it."""
+    try:
+        model, tokenizer, _ = load_lazy(name, dtype, device, scratch)
+    except NotLocal:
+        model, tokenizer, _ = load_dense(name, dtype=dtype, device=device)
+    return model, tokenizer
+
+
 def _check_shapes(model, location: str, config, shapes: dict[str, tuple]) -> None:
     """Refuse weights files that miss, add or reshape tensors of the model's architecture (a tied
     tensor may be stored under any of its names)."""

@@ -32,7 +32,9 @@ def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, c
     argv, out = setup
     calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
     assert main(argv) == 0
-    assert len(calibrations) == 1  # one Gram collection shared by both whitened keeps
+    # The model is on disk: each keep makes its input Grams one layer at a time, nothing is shared.
+    assert len(calibrations) == 0
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no scratch left
     assert sorted(p.stem for p in (out / "points").iterdir()) == sorted(POINTS)
     records = {p: json.loads((out / "points" / f"{p}.json").read_text()) for p in POINTS}
     assert records["dense"]["achieved_keep"] == 1.0
@@ -49,7 +51,7 @@ def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, c
 
     compresses = count_calls(monkeypatch, pipeline, "compress")
     assert main(argv) == 0
-    assert compresses == [] and len(calibrations) == 1
+    assert compresses == [] and len(calibrations) == 0
     assert capsys.readouterr().out.count("finished earlier, skipped") == len(POINTS)
     assert (out / "report.md").read_text() == first_report
 
@@ -99,7 +101,7 @@ def test_recipes_compare_methods_at_equal_parameters(tmp_path, tokenizer, monkey
     argv = tiny_sweep_argv(model_dir, text, out, "0.5", recipes) + ["--heal-steps", "2"]
     calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
     assert main(argv) == 0
-    assert len(calibrations) == 1  # only whiten+lora factorises from the dense Grams
+    assert len(calibrations) == 0  # the model is on disk: no input Grams are shared
     records = {p.stem: json.loads(p.read_text()) for p in (out / "points").iterdir()}
     names = [f"{r}-keep0.5" for r in recipes.split(",")]
     assert sorted(records) == sorted(["dense", *names])
@@ -118,3 +120,18 @@ def test_bad_recipe_is_refused_before_any_work(setup, capsys):
     assert main(argv) == 2
     assert "heal 'closed-form' needs sequential calibration" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_sweep_shares_the_output_gradient_grams_through_disk(tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    out = tmp_path / "out"
+    calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
+    assert main(tiny_sweep_argv(model_dir, text, out, "0.8,0.5", "fisher")) == 0
+    assert len(calibrations) == 1  # made once, read from disk by both keeps
+    records = {p.stem: json.loads(p.read_text()) for p in (out / "points").iterdir()}
+    assert records["fisher-keep0.8"]["calibration"] == records["fisher-keep0.5"]["calibration"]
+    assert records["fisher-keep0.5"]["achieved_keep"] < records["fisher-keep0.8"]["achieved_keep"]
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # the shared Grams deleted

@@ -146,18 +146,6 @@ def _check_footprint(args: argparse.Namespace, compress_config):
     return predicted
 
 
-def _load(name, dtype, device, scratch):
-    """The dense model with its layers on disk (memory holds one at a time), or in memory when it
-    is not a local directory (a hub id: transformers downloads and loads it whole)."""
-    from svdmlp import models
-
-    try:
-        model, tokenizer, _ = models.load_lazy(name, dtype, device, scratch)
-    except models.NotLocal:
-        model, tokenizer, _ = models.load_dense(name, dtype=dtype, device=device)
-    return model, tokenizer
-
-
 def run(args: argparse.Namespace) -> options.Outcome:
     import torch
 
@@ -176,7 +164,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     # trains), then into the checkpoint in --save-dtype.
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.layers-", dir=out.parent))
     try:
-        model, tokenizer = _load(args.model, dtype, device, scratch)
+        model, tokenizer = models.load_for_compression(args.model, dtype, device, scratch)
         result = pipeline.compress(model, tokenizer, compress_config)
         base = args.model or models.DEFAULT_MODEL
         path = checkpoint.save(

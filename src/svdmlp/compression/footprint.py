@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from svdmlp.compression.pipeline import SENSITIVITY_TOKENS
 from svdmlp.config import CompressConfig
 
 GB = 1e9
@@ -172,7 +173,7 @@ def predict(
             + compressed * tokens * 2 * (2 * i * i + h * h) / rates.f64
             + compressed * 2 * rates.eigh(i)
         )
-    probe_tokens = 512
+    probe_tokens = SENSITIVITY_TOKENS
     per_layer = model + layer + input_grams + hidden_states
     if config.allocation == "budget":
         probe = embedding + probe_tokens * vocab * F32 * 3
@@ -183,8 +184,10 @@ def predict(
             + 2 * shapes.params * probe_tokens / 2 / rates.f32
         )
     closed_form = (2 * i * i * F64 + hidden_states) if config.heals_closed_form else 0
+    # Only one-shot factorising in memory after allocation keeps every layer's input Grams (the probes').
+    reused = not on_disk and not config.sequential and config.allocation == "budget"
     memory["factorisation"] = (
-        per_layer + closed_form + _eigh_bytes(i) + (0 if on_disk else compressed * input_grams)
+        per_layer + closed_form + _eigh_bytes(i) + (compressed * input_grams if reused else 0)
     )
     seconds["factorisation"] = (
         (forward / rates.f32 if config.sequential else 0)

@@ -20,6 +20,7 @@ once it has run on the calibration windows.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -99,26 +100,42 @@ def _rule_ranks(model, spec, config, indices) -> dict[int, dict[str, int]]:
     return planned
 
 
+def shared_calibration(model: nn.Module, config: CompressConfig) -> bool:
+    """Whether :func:`collect_calibration` has anything for compressions of ``model`` to share: the
+    output-gradient Grams, or a model in memory's input Grams."""
+    return config.needs_output_grams or (config.needs_dense_grams and lazy.of(model) is None)
+
+
 def collect_calibration(
     model: nn.Module,
     tokenizer,
     config: CompressConfig,
     calibration_text: str | None = None,
     progress: bool = True,
+    spill: Path | None = None,
 ) -> Calibration:
-    """Collect the Grams :func:`compress` needs for ``config`` (any keep) from the dense ``model``."""
+    """Collect the Grams :func:`compress` needs for ``config`` (any keep) from the dense ``model``, to
+    share between compressions (a sweep's keeps).
+
+    A model in memory gets every Gram it uses; a model on disk only the output-gradient Grams, kept in
+    ``spill`` (its input Grams are made one layer at a time by each compression).
+    """
     spec = arch.of_model(model)
     bos = arch.bos_token_id(spec, tokenizer)
     windows = config_windows(tokenizer, config, calibration_text, bos=bos, model=model)
     indices = _layers_to_compress(model, spec, config)[2]
-    return _collect(model, spec, windows, indices, progress, config, calibration_text)
+    inputs = config.needs_dense_grams and lazy.of(model) is None
+    return _collect(model, spec, windows, indices, progress, config, calibration_text, inputs, spill)
 
 
-def _collect(model, spec, windows, indices, progress, config, calibration_text, inputs=True) -> Calibration:
+def _collect(
+    model, spec, windows, indices, progress, config, calibration_text, inputs=True, spill=None
+) -> Calibration:
     sources = source_weights(config, calibration_text)
     fisher = config.needs_output_grams
     weights = lazy.of(model)
-    spill = None if weights is None else weights.scratch  # a model on disk: its Grams on disk too
+    if spill is None and weights is not None:  # a model on disk: its Grams on disk too
+        spill = weights.scratch
     return Calibration.collect(
         model, spec, windows, indices, progress, sources, fisher, config.seed, inputs, spill
     )
@@ -180,7 +197,7 @@ def compress(
         calibration = _collect(model, spec, windows(), to_compress, progress, config, calibration_text, reuse)
     if calibration is not None and config.needs_calibration and to_compress:
         missing = sorted(set(to_compress) - set(calibration.grams))
-        if missing and not config.sequential and not collected_here:
+        if missing and calibration.grams and not config.sequential:
             raise ValueError(f"the calibration given has no Grams for layers {missing}")
         if config.needs_output_grams and set(to_compress) - set(calibration.outputs):
             raise ValueError(

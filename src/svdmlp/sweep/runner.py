@@ -4,13 +4,18 @@ Each finished point is one JSON file in ``OUT/points/``, written atomically, so 
 resumes where it stopped and a finished one only rebuilds its report. A point file also records the
 sweep's settings; resuming with other settings is an error rather than a silently mixed report.
 The dense calibration Grams depend on the model, text and seed but not on keep or recipe, so they are
-collected once (by the first point that still has to run and uses them) and shared by every point.
+collected once (by the first point that still has to run and uses them) and shared by every point. A
+model on disk (every local or built-in one, :mod:`svdmlp.lazy`) is compressed one layer at a time at
+every point, and shares only its output-gradient Grams, kept on disk: a sweep then needs about the
+memory of one compression, whatever its number of keeps.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -83,6 +88,18 @@ def run_sweep(
     }
     folder = out / "points"
     folder.mkdir(parents=True, exist_ok=True)
+    # A model on disk keeps the shared output-gradient Grams here, each point's compressed layers in a
+    # scratch directory of its own: memory holds about one layer whatever the number of keeps.
+    shared = Path(tempfile.mkdtemp(prefix=".calibration-", dir=out))
+    try:
+        return _run_points(
+            model_name, points, texts, settings, base, folder, dtype, device, log, identity, shared
+        )
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _run_points(model_name, points, texts, settings, base, folder, dtype, device, log, identity, shared):
     calibration = None
     records, started, ran = [], time.perf_counter(), 0
     for number, point in enumerate(points, 1):
@@ -94,25 +111,34 @@ def run_sweep(
             records.append(record)
             continue
         point_started = time.perf_counter()
-        model, tokenizer, _ = models.load_dense(model_name, dtype=dtype, device=device)
-        record = {"sweep": identity, "point": point.name, "method": point.method, "target_keep": point.keep}
-        if point.method == "dense":
-            record.update(achieved_keep=1.0, compress_seconds=0.0, calibration={})
-        else:
-            config = replace(base.with_recipe(point.method), keep=point.keep)
-            wants = config.needs_dense_grams or config.needs_output_grams
-            if wants and (calibration is None or (config.needs_output_grams and not calibration.outputs)):
-                log(f"[{number}/{len(points)}] collecting calibration Grams once for every keep")
-                calibration = pipeline.collect_calibration(model, tokenizer, config)
-            report = pipeline.compress(model, tokenizer, config, calibration=calibration)
-            record.update(
-                achieved_keep=report.achieved_keep,
-                compress_seconds=report.seconds,
-                timings=report.timings,
-                calibration=report.calibration,
-                params=report.params_after,
-            )
-        record.update(suite.score(model, tokenizer, texts.of(tokenizer), settings, point.name))
+        scratch = Path(tempfile.mkdtemp(prefix=f".{point.name}-", dir=shared.parent))
+        try:
+            model, tokenizer = models.load_for_compression(model_name, dtype, device, scratch)
+            record = {
+                "sweep": identity,
+                "point": point.name,
+                "method": point.method,
+                "target_keep": point.keep,
+            }
+            if point.method == "dense":
+                record.update(achieved_keep=1.0, compress_seconds=0.0, calibration={})
+            else:
+                config = replace(base.with_recipe(point.method), keep=point.keep)
+                wants = pipeline.shared_calibration(model, config)
+                if wants and (calibration is None or (config.needs_output_grams and not calibration.outputs)):
+                    log(f"[{number}/{len(points)}] collecting calibration Grams once for every keep")
+                    calibration = pipeline.collect_calibration(model, tokenizer, config, spill=shared)
+                report = pipeline.compress(model, tokenizer, config, calibration=calibration)
+                record.update(
+                    achieved_keep=report.achieved_keep,
+                    compress_seconds=report.seconds,
+                    timings=report.timings,
+                    calibration=report.calibration,
+                    params=report.params_after,
+                )
+            record.update(suite.score(model, tokenizer, texts.of(tokenizer), settings, point.name))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         record["seconds"] = time.perf_counter() - point_started
         _write_atomic(path, record)
         records.append(record)
