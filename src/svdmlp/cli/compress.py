@@ -184,6 +184,6 @@ def run(args: argparse.Namespace) -> options.Outcome:
         "checkpoint": str(path),
         "config": compress_config.to_dict(),
         "report": result.to_dict(),
-        "predicted": {"memory_bytes": predicted.memory, "seconds": predicted.seconds},
+        "predicted": predicted.to_dict(),
     }
     return options.Outcome(0, record)

@@ -101,6 +101,15 @@ class Footprint:
 
     memory: dict[str, float]
     seconds: dict[str, float]
+    rates: Rates
+
+    def to_dict(self) -> dict:
+        """What a compression's JSON record keeps of the prediction, to compare with the measurement."""
+        return {
+            "memory_bytes": self.memory,
+            "seconds": self.seconds,
+            "rates_flops": {"float32": self.rates.f32, "float64": self.rates.f64},
+        }
 
     @property
     def peak(self) -> tuple[str, float]:
@@ -163,7 +172,7 @@ def predict(
     if not config.needs_calibration:
         memory["factorisation"] = model + layer + 2 * i * h * F64
         seconds["factorisation"] = compressed * 3 * 4 * h * h * i / rates.f64
-        return Footprint(memory, seconds)
+        return Footprint(memory, seconds, rates)
     if config.needs_output_grams:
         held = output_grams if on_disk else compressed * output_grams
         head = embedding + window * vocab * F32 * LOGIT_COPIES
@@ -206,4 +215,4 @@ def predict(
             factors = compressed * 3 * (h + i) * rank
             memory["distillation"] = model + factors * 3 * F32 + logits
         seconds["distillation"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / rates.f32
-    return Footprint(memory, seconds)
+    return Footprint(memory, seconds, rates)

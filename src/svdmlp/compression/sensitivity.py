@@ -165,6 +165,7 @@ def allocate(
                         f"{index}.{name}", linear.in_features, linear.out_features, decomposition.energy
                     )
                 )
+                del decomposition  # its bases (inter² float64 each) before the next projection's
             divergence = probe.divergence(index, factors)
         # A GLU MLP's matrices all cost hidden + intermediate per rank: the layer's first rank stands for all.
         rank = next(iter(planned.values()))
