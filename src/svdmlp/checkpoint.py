@@ -118,7 +118,7 @@ def _write_weights(
     weights = lazy.of(model)
     spec = arch.of_model(model)
     units = weights.units if weights is not None else lazy.units_of(model, arch.decoder_layers(model, spec))
-    aliases = {alias: group[0] for group in _names(model).values() for alias in group[1:]}
+    aliases = {alias: group[0] for group in lazy.tensor_names(model).values() for alias in group[1:]}
     done: set[str] = set(aliases)
     weight_map, shards = {}, []
 
@@ -142,9 +142,9 @@ def _write_weights(
             shards.append(file)
             continue
         with lazy.held(model, unit):
-            names = _names(model)
+            names = lazy.tensor_names(model)
             write(file, {names[id(p)][0]: p for p in unit.parameters() if names[id(p)][0] not in done})
-    names = _names(model)
+    names = lazy.tensor_names(model)
     rest = {
         group[0]: tensor
         for tensor in model.state_dict(keep_vars=True).values()
@@ -163,14 +163,6 @@ def _link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
-
-
-def _names(model: nn.Module) -> dict[int, list[str]]:
-    """Every state-dict name of each tensor of ``model``, by the tensor's identity (tied ones share)."""
-    names: dict[int, list[str]] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        names.setdefault(id(tensor), []).append(name)
-    return names
 
 
 def check_target(directory: str | os.PathLike, overwrite: bool) -> None:

@@ -83,10 +83,10 @@ class DiskWeights:
     ):
         self.model, self.dtype, self.device, self.units = model, dtype, torch.device(device), list(units)
         self._entries: dict[int, _OnDisk] = {}  # id(placeholder or loaded copy) -> its entry
-        names = self._all_names()
+        names = tensor_names(model)
         for unit in self.units:
             for parameter in unit.parameters():
-                if parameter.device.type != "meta" or id(parameter) in self._entries:
+                if parameter.device.type != "meta":  # resident, or tied to one placed already
                     continue
                 found = [name for name in names[id(parameter)] if name in files]
                 if not found:
@@ -99,9 +99,8 @@ class DiskWeights:
         self._calls: dict[int, list[list[_OnDisk]]] = {}  # id(unit) -> what each running forward holds
         self.scratch = Path(scratch) if scratch is not None else None
         self.store_dtype = store_dtype or dtype
-        self.stored: dict[
-            int, tuple[Path, torch.dtype]
-        ] = {}  # id(unit) -> its file and dtype, while unchanged
+        # id(unit) -> the file store() wrote it to and its dtype, while unchanged
+        self.stored: dict[int, tuple[Path, torch.dtype]] = {}
         setattr(model, _ATTRIBUTE, self)
 
     def _on_call(self, module: nn.Module, args) -> None:
@@ -114,12 +113,6 @@ class DiskWeights:
         """A placeholder for ``like``: its shape, the loaded dtype and device, one NaN in memory."""
         nan = torch.full((), float("nan"), dtype=self.dtype, device=self.device)
         return nn.Parameter(nan.expand(like.shape), requires_grad=like.requires_grad)
-
-    def _all_names(self) -> dict[int, list[str]]:
-        names: dict[int, list[str]] = {}
-        for name, parameter in self.model.named_parameters(remove_duplicate=False):
-            names.setdefault(id(parameter), []).append(name)
-        return names
 
     def _of(self, module: nn.Module) -> list[_OnDisk]:
         """The entries of ``module``'s on-disk parameters, each once."""
@@ -183,24 +176,29 @@ class DiskWeights:
         path = self.scratch / shard_name(self.units.index(unit), len(self.units))
         dtype = self.store_dtype
         with self.held(unit):
-            names = self._first_names()
-            tensors = {names[id(p)]: p.detach().to(dtype).contiguous() for p in unit.parameters()}
+            names = tensor_names(self.model)
+            tensors = {names[id(p)][0]: p.detach().to(dtype).contiguous() for p in unit.parameters()}
             partial = path.with_name(path.name + ".partial")
             save_file(tensors, partial, metadata={"format": "pt"})
             partial.replace(path)
-        names = self._first_names()
+        names = tensor_names(self.model)
         for parameter in list(unit.parameters()):
             entry = self._entries.get(id(parameter))
             if entry is None:  # in memory only: it becomes an on-disk parameter
                 placeholder = self._hollow(parameter)
                 entry = self._entries[id(placeholder)] = _OnDisk(placeholder, path, "")
                 self._swap(parameter, placeholder)
-            entry.path, entry.name = path, names[id(parameter)]
+            entry.path, entry.name = path, names[id(parameter)][0]
         self.stored[id(unit)] = (path, dtype)
         return path
 
-    def _first_names(self) -> dict[int, str]:
-        return {id(p): name for name, p in self.model.named_parameters()}
+
+def tensor_names(model: nn.Module) -> dict[int, list[str]]:
+    """Every state-dict name of each tensor of ``model``, by the tensor's identity (tied ones share)."""
+    names: dict[int, list[str]] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(tensor), []).append(name)
+    return names
 
 
 def shard_name(position: int, units: int) -> str:

@@ -8,12 +8,28 @@ calibration, the output-gradient Grams) then run each layer on hidden states of 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
 from svdmlp import arch
+
+
+@contextmanager
+def stood_in(layers: nn.ModuleList, stand_ins: dict[int, nn.Module]) -> Iterator[None]:
+    """Inside the block ``layers[i]`` is ``stand_ins[i]`` (a module that is not the layer loads nothing
+    of a model on disk); every layer is back in its place after it, also when the block raises."""
+    originals = list(layers)
+    try:
+        for index, module in stand_ins.items():
+            layers[index] = module
+        yield
+    finally:
+        for index, layer in enumerate(originals):
+            layers[index] = layer
 
 
 class _Captured(Exception):
@@ -47,14 +63,11 @@ def capture(
     model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor, last: int, batch_size: int
 ) -> list[Batch]:
     """Each batch's hidden states entering layer 0 and the kwargs of layers ``0..last``."""
-    layers = arch.decoder_layers(model, spec)
-    originals = list(layers)
     device = next(model.parameters()).device
     sink: list[dict] = []
     batches = []
-    try:
-        for index in range(last + 1):
-            layers[index] = _Recorder(index, last, sink)
+    recorders = {index: _Recorder(index, last, sink) for index in range(last + 1)}
+    with stood_in(arch.decoder_layers(model, spec), recorders):
         for batch in windows.split(batch_size):
             sink.clear()
             try:
@@ -64,9 +77,6 @@ def capture(
             hidden = sink[0]["hidden"]
             kwargs = [sink[0]["kwargs"], *sink[1:]]
             batches.append(Batch(hidden, kwargs))
-    finally:
-        for index, layer in enumerate(originals):
-            layers[index] = layer
     return batches
 
 
@@ -93,15 +103,10 @@ def head_gradient(
     """``loss(logits)`` of the last decoder layer's output ``hidden`` and its gradient there: the
     model's own final norm, head and logit transforms run between them, whatever the architecture."""
     layers = arch.decoder_layers(model, spec)
-    originals = list(layers)
     given = hidden.detach().requires_grad_(True)
-    try:
-        for index in range(len(layers)):
-            layers[index] = _Given(given if index == len(layers) - 1 else None)
+    last = len(layers) - 1
+    with stood_in(layers, {index: _Given(given if index == last else None) for index in range(last + 1)}):
         with torch.enable_grad():
             value = loss(model(input_ids=ids, use_cache=False).logits)
             value.backward()
-    finally:
-        for index, layer in enumerate(originals):
-            layers[index] = layer
     return float(value.detach()), given.grad

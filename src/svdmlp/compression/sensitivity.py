@@ -30,6 +30,7 @@ from svdmlp import arch, lazy
 from svdmlp.compression import factorise, ranks
 from svdmlp.compression.calibration import LayerGrams, tokens_hash
 from svdmlp.compression.decompose import Factors
+from svdmlp.compression.layer_inputs import stood_in
 
 
 @contextmanager
@@ -86,19 +87,6 @@ class _Replay(nn.Module):
         return self.output
 
 
-@contextmanager
-def _replayed(layers: nn.ModuleList, outputs: list, count: int) -> Iterator[None]:
-    """Inside the block, the first ``count`` decoder layers replay ``outputs``; the layers are back after it."""
-    originals = list(layers)
-    try:
-        for index in range(count):
-            layers[index] = _Replay(outputs[index])
-        yield
-    finally:
-        for index, layer in enumerate(originals):
-            layers[index] = layer
-
-
 class Probe:
     """The dense model's predictions on some windows, and each layer's outputs on the way, recorded
     once; :meth:`divergence` then measures one layer's factorisation against them."""
@@ -117,7 +105,7 @@ class Probe:
         replaced by ``factors``; the model is dense again afterwards."""
         with (
             _reconstructed(self.model, self.spec, index, factors),
-            _replayed(self.layers, self.outputs, index),
+            stood_in(self.layers, {i: _Replay(self.outputs[i]) for i in range(index)}),
         ):
             probed = _log_probs(self.model, self.windows)
         return float((self.dense.exp() * (self.dense - probed)).sum()) / self.windows.numel()
