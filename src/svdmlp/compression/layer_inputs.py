@@ -86,6 +86,17 @@ def run_layer(layer: nn.Module, hidden: torch.Tensor, kwargs: dict) -> torch.Ten
     return output[0] if isinstance(output, tuple) else output
 
 
+def input_gradient(
+    layer: nn.Module, hidden: torch.Tensor, kwargs: dict, gradient: torch.Tensor
+) -> torch.Tensor:
+    """Run ``layer`` on ``hidden`` with gradients and take ``gradient`` at its output back to its input;
+    the layer's parameters that require gradients accumulate theirs on the way."""
+    given = hidden.detach().requires_grad_(True)
+    with torch.enable_grad():
+        run_layer(layer, given, kwargs).backward(gradient)
+    return given.grad
+
+
 class _Given(nn.Module):
     """Stands in for a decoder layer: the last one returns the given hidden states, the others pass theirs on."""
 

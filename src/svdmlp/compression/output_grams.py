@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from svdmlp import arch, lazy
 from svdmlp.compression import decompose
 from svdmlp.compression.gram import accumulate_gram
-from svdmlp.compression.layer_inputs import capture, head_gradient, run_layer
+from svdmlp.compression.layer_inputs import capture, head_gradient, input_gradient, run_layer
 
 LOSSES = ("sampled", "labels")
 
@@ -258,10 +258,7 @@ def _backward_through(model, spec, index, batches, inputs, gradients, grams, wan
         try:
             below = []
             for batch, hidden, gradient in zip(batches, inputs, gradients, strict=True):
-                given = hidden.detach().requires_grad_(True)
-                with torch.enable_grad():
-                    run_layer(layer, given, batch.kwargs[index]).backward(gradient)
-                below.append(given.grad)
+                below.append(input_gradient(layer, hidden, batch.kwargs[index], gradient))
                 if index in wanted:
                     grams[index].tokens += hidden.shape[0] * hidden.shape[1]
         finally:

@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from svdmlp import arch, lazy, lowrank
-from svdmlp.compression.layer_inputs import capture, head_gradient, run_layer
+from svdmlp.compression.layer_inputs import capture, head_gradient, input_gradient, run_layer
 from svdmlp.config import LoraSpec
 
 # Fraction of the steps spent warming the learning rate up (at least one step).
@@ -331,10 +331,7 @@ class _OnDisk:
                 factors = [p for module in lowrank.lowrank_modules(layer) for p in module.parameters()]
                 for parameter in factors:
                     parameter.requires_grad_(True)
-                given = inputs.pop().detach().requires_grad_(True)
-                with torch.enable_grad():
-                    run_layer(layer, given, batch.kwargs[index]).backward(gradient)
-                gradient = given.grad
+                gradient = input_gradient(layer, inputs.pop(), batch.kwargs[index], gradient)
                 if factors:
                     self._adamw(layer, factors, lr)
                     self.weights.store(layer)
