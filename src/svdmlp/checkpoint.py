@@ -133,8 +133,8 @@ def _write_weights(
     for position, unit in enumerate(units):
         file = lazy.shard_name(position, len(units))
         stored = None if weights is None else weights.stored.get(id(unit))
-        if stored is not None and stored[1] == (dtype or weights.dtype):
-            _link_or_copy(stored[0], staging / file)
+        if stored is not None and (dtype or weights.dtype) == weights.dtype:
+            _link_or_copy(stored, staging / file)
             with safe_open(staging / file, framework="pt") as handle:
                 names = list(handle.keys())
             weight_map.update(dict.fromkeys(names, file))

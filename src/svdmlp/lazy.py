@@ -67,8 +67,8 @@ class DiskWeights:
         files: the file holding each tensor, by state-dict name.
         units: the modules loaded one at a time (each decoder layer, the embeddings, the LM head).
         dtype, device: what the parameters are cast to and where they are put when loaded.
-        scratch, store_dtype: the directory :meth:`store` writes units to (the checkpoint's shards,
-            see :func:`shard_name`) and their dtype there.
+        scratch: the directory :meth:`store` writes units to, in ``dtype`` (the checkpoint's shards,
+            see :func:`shard_name`).
     """
 
     def __init__(
@@ -79,7 +79,6 @@ class DiskWeights:
         dtype: torch.dtype,
         device: str | torch.device = "cpu",
         scratch: str | Path | None = None,
-        store_dtype: torch.dtype | None = None,
     ):
         self.model, self.dtype, self.device, self.units = model, dtype, torch.device(device), list(units)
         self._entries: dict[int, _OnDisk] = {}  # id(placeholder or loaded copy) -> its entry
@@ -98,9 +97,7 @@ class DiskWeights:
             unit.register_forward_hook(self._on_return, always_call=True)
         self._calls: dict[int, list[list[_OnDisk]]] = {}  # id(unit) -> what each running forward holds
         self.scratch = Path(scratch) if scratch is not None else None
-        self.store_dtype = store_dtype or dtype
-        # id(unit) -> the file store() wrote it to and its dtype, while unchanged
-        self.stored: dict[int, tuple[Path, torch.dtype]] = {}
+        self.stored: dict[int, Path] = {}  # id(unit) -> the file store() wrote it to, in ``dtype``
         setattr(model, _ATTRIBUTE, self)
 
     def _on_call(self, module: nn.Module, args) -> None:
@@ -169,15 +166,14 @@ class DiskWeights:
                 self._release(entries)
 
     def store(self, unit: nn.Module) -> Path:
-        """Write every parameter of ``unit`` in :attr:`store_dtype` to its shard in :attr:`scratch` (atomically)
+        """Write every parameter of ``unit`` in :attr:`dtype` to its shard in :attr:`scratch` (atomically)
         and read them from there from now on; the ones only in memory (new factors) are dropped."""
         if self.scratch is None:
             raise ValueError("these disk weights have no scratch directory to store units in")
         path = self.scratch / shard_name(self.units.index(unit), len(self.units))
-        dtype = self.store_dtype
         with self.held(unit):
             names = tensor_names(self.model)
-            tensors = {names[id(p)][0]: p.detach().to(dtype).contiguous() for p in unit.parameters()}
+            tensors = {names[id(p)][0]: p.detach().contiguous() for p in unit.parameters()}
             partial = path.with_name(path.name + ".partial")
             save_file(tensors, partial, metadata={"format": "pt"})
             partial.replace(path)
@@ -189,7 +185,7 @@ class DiskWeights:
                 entry = self._entries[id(placeholder)] = _OnDisk(placeholder, path, "")
                 self._swap(parameter, placeholder)
             entry.path, entry.name = path, names[id(parameter)][0]
-        self.stored[id(unit)] = (path, dtype)
+        self.stored[id(unit)] = path
         return path
 
 

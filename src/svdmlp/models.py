@@ -324,15 +324,13 @@ def load_lazy(
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     scratch: str | os.PathLike | None = None,
-    store_dtype: torch.dtype | None = None,
 ):
     """Like :func:`load_dense`, but the embeddings, decoder layers and LM head stay on disk and are
     read for the forward passes that use them (:class:`svdmlp.lazy.DiskWeights`): memory holds one
     of them at a time, whatever the model's size. The model must be a local directory or built-in.
 
     Args:
-        scratch, store_dtype: where :meth:`~svdmlp.lazy.DiskWeights.store` writes compressed layers,
-            and in which dtype (default ``dtype``).
+        scratch: where :meth:`~svdmlp.lazy.DiskWeights.store` writes compressed layers (in ``dtype``).
 
     Returns:
         (model, tokenizer, location) with the model in eval mode on ``device``.
@@ -364,7 +362,7 @@ def load_lazy(
             with safe_open(files[key], framework="pt") as handle:
                 resident[key] = handle.get_tensor(key).to(device=device, dtype=dtype)
     model.load_state_dict(resident, strict=False, assign=True)
-    lazy.DiskWeights(model, files, units, dtype, device, scratch, store_dtype)
+    lazy.DiskWeights(model, files, units, dtype, device, scratch)
     for module in model.modules():  # the buffers (rotary frequencies) go too; .to() would fill placeholders
         for key, buffer in module._buffers.items():
             if buffer is not None:

@@ -284,7 +284,7 @@ class _OnDisk:
         self.spec = arch.of_model(model)
         self.layers = arch.decoder_layers(model, self.spec)
         self.trained = [layer for layer in self.layers if lowrank.lowrank_modules(layer)]
-        if weights.dtype != torch.float32 or weights.store_dtype != torch.float32:
+        if weights.dtype != torch.float32:
             raise ValueError(
                 "distillation of a model on disk trains its stored layers in place, in float32: "
                 "pass --dtype float32"
@@ -293,7 +293,7 @@ class _OnDisk:
             raise ValueError("distillation of a model on disk needs its compressed layers stored first")
         self.before = {}
         for layer in self.trained:  # hard links: a stored layer is rewritten by replacing its file
-            path = weights.stored[id(layer)][0]
+            path = weights.stored[id(layer)]
             saved = path.with_name(path.name + ".before")
             saved.unlink(missing_ok=True)
             os.link(path, saved)
@@ -341,7 +341,7 @@ class _OnDisk:
 
     def _adamw(self, layer: nn.Module, factors: list[nn.Parameter], lr: float) -> None:
         """One AdamW step on ``factors``, its state read from and written to the layer's state file."""
-        path = self.weights.stored[id(layer)][0]
+        path = self.weights.stored[id(layer)]
         state_path = path.with_name(path.name + ".adamw")
         optimizer = torch.optim.AdamW(factors, lr=lr, weight_decay=0.0)
         if state_path.is_file():
@@ -372,5 +372,5 @@ class _OnDisk:
         for saved in self.before.values():
             saved.unlink(missing_ok=True)
         for layer in self.trained:
-            path = self.weights.stored[id(layer)][0]
+            path = self.weights.stored[id(layer)]
             path.with_name(path.name + ".adamw").unlink(missing_ok=True)
