@@ -72,7 +72,7 @@ def test_error_falls_as_rank_grows():
 
 def test_one_decomposition_gives_every_rank_and_its_error_spectrum():
     w, gram = _random_weight(), _correlated_gram(40)
-    whitening = decompose.Whitening.from_gram(gram, floor=0.0)
+    whitening = decompose.Whitening.from_gram(gram, ridge=0.0)
     decomposition = decompose.Decomposition.of(w, whitening)
     energy = decomposition.energy
     for rank in (5, 17):
@@ -84,8 +84,8 @@ def test_one_decomposition_gives_every_rank_and_its_error_spectrum():
         assert error == pytest.approx(float(expected), rel=1e-4)
 
 
-def test_singular_gram_is_floored_not_fatal():
-    # Rank-deficient inputs (dead channels): Cholesky would fail; the eigenvalue floor must not.
+def test_singular_gram_is_ridged_not_fatal():
+    # Rank-deficient inputs (dead channels): plain Cholesky fails on them; the ridge must not.
     g = torch.Generator().manual_seed(2)
     x = torch.randn(100, 40, generator=g, dtype=torch.float64)
     x[:, 20:] = 0.0
@@ -100,6 +100,19 @@ def test_bad_grams_are_clear_errors(bad, message):
         decompose.Whitening.from_gram(gram)
 
 
+def test_an_indefinite_gram_is_a_clear_error():
+    gram = torch.diag(torch.tensor([4.0, 1.0, -2.0], dtype=torch.float64))
+    with pytest.raises(ValueError, match="not positive semi-definite"):
+        decompose.Whitening.from_gram(gram)
+
+
+def test_the_gram_is_left_untouched():
+    gram = _correlated_gram(12)
+    before = gram.clone()
+    decompose.Whitening.from_gram(gram, damping=0.5)
+    assert torch.equal(gram, before)
+
+
 def test_weighted_error_without_gram_is_frobenius():
     w = _random_weight()
     factors = decompose.plain_svd(w, 5)
@@ -107,12 +120,16 @@ def test_weighted_error_without_gram_is_frobenius():
     assert decompose.weighted_relative_error(w, factors, None) == pytest.approx(expected)
 
 
-def test_whitening_is_the_symmetric_root_of_the_gram():
+def test_whitening_is_a_triangular_root_of_the_gram():
     gram = _correlated_gram(12)
-    whitening = decompose.Whitening.from_gram(gram, floor=0.0)
-    root = whitening.matrix()
-    torch.testing.assert_close(root, root.T)
-    torch.testing.assert_close(root @ root, gram, rtol=1e-8, atol=1e-6)
+    whitening = decompose.Whitening.from_gram(gram, ridge=0.0)
+    torch.testing.assert_close(whitening.lower, whitening.lower.tril(), rtol=0, atol=0)
+    torch.testing.assert_close(whitening.gram(), gram, rtol=1e-8, atol=1e-6)
+    ridged = decompose.Whitening.from_gram(gram).gram() - gram
+    top = float(torch.linalg.eigvalsh(gram).max())
+    torch.testing.assert_close(
+        ridged, decompose.RIDGE * top * torch.eye(12, dtype=torch.float64), rtol=1e-3, atol=1e-9 * top
+    )
 
 
 # Two-sided (output-aware) factorisation: ‖S_out·(W − VU)·S_in‖_F.
@@ -169,11 +186,11 @@ def test_two_sided_with_a_uniform_output_gram_is_input_whitening(scale):
 def test_heavy_damping_tends_to_input_whitening():
     w, input_gram, output_gram = _random_weight(), _correlated_gram(40), _correlated_gram(48, seed=7)
     whitening = decompose.Whitening.from_gram(input_gram)
-    output = decompose.Whitening.from_gram(output_gram)
     reference = decompose.whitened_svd(w, whitening, 8)
     distances = []
     for damping in (0.0, 1.0, 1e6):
-        factors = decompose.two_sided_svd(w, whitening, output.damped(damping), 8)
+        output = decompose.Whitening.from_gram(output_gram, damping=damping)
+        factors = decompose.two_sided_svd(w, whitening, output, 8)
         distances.append(
             float(
                 (factors.v.double() @ factors.u.double() - reference.v.double() @ reference.u.double()).norm()
@@ -185,16 +202,16 @@ def test_heavy_damping_tends_to_input_whitening():
 def test_damped_whitening_is_the_root_of_the_damped_gram():
     gram = _correlated_gram(12)
     for damping in (0.0, 0.1, 3.0):
-        damped = decompose.Whitening.from_gram(gram, floor=0.0).damped(damping)
+        damped = decompose.Whitening.from_gram(gram, ridge=0.0, damping=damping)
         expected = decompose.damped_gram(gram, damping)
-        torch.testing.assert_close(damped.matrix() @ damped.matrix(), expected, rtol=1e-8, atol=1e-6)
+        torch.testing.assert_close(damped.gram(), expected, rtol=1e-8, atol=1e-6)
     torch.testing.assert_close(
         decompose.damped_gram(gram, 0.5).diagonal().mean(), 1.5 * gram.diagonal().mean()
     )
     with pytest.raises(ValueError, match="damping"):
         decompose.damped_gram(gram, -1.0)
     with pytest.raises(ValueError, match="damping"):
-        decompose.Whitening.from_gram(gram).damped(-1.0)
+        decompose.Whitening.from_gram(gram, damping=-1.0)
 
 
 def test_full_rank_two_sided_reproduces_the_weight():
@@ -210,8 +227,8 @@ def test_two_sided_spectrum_tail_is_its_error():
     w, input_gram, output_gram = _random_weight(), _correlated_gram(40), _correlated_gram(48, seed=4)
     decomposition = decompose.Decomposition.of(
         w,
-        decompose.Whitening.from_gram(input_gram, floor=0.0),
-        decompose.Whitening.from_gram(output_gram, floor=0.0),
+        decompose.Whitening.from_gram(input_gram, ridge=0.0),
+        decompose.Whitening.from_gram(output_gram, ridge=0.0),
     )
     energy = decomposition.energy
     for rank in (3, 20):
@@ -250,7 +267,7 @@ def test_existing_decomposition_api_is_unchanged_without_an_output():
     whitening = decompose.Whitening.from_gram(gram)
     decomposition = decompose.Decomposition.of(w, whitening)
     assert decomposition.output is None
-    a = decompose.Decomposition.of_rotated((w @ whitening.basis) * whitening.root, whitening).factors(7)
+    a = decompose.Decomposition.of_rotated(w @ whitening.lower, whitening).factors(7)
     b = decomposition.factors(7)
     torch.testing.assert_close(a.v @ a.u, b.v @ b.u)
     assert decompose.weighted_relative_error(w, b, gram) == decompose.weighted_relative_error(

@@ -55,4 +55,4 @@ def test_time_grows_with_the_layers_and_the_line_says_it():
     assert sum(four.seconds.values()) > sum(two.seconds.values())
     line = two.line()
     assert line.startswith("predicted: peak memory ") and "GB" in line and "time" in line
-    assert footprint.Rates(1.0, 2.0).eigh(10) == footprint.EIGH_FLOPS * 1000 / 2.0
+    assert footprint.Rates(1.0, 2.0).root(10) == footprint.ROOT_FLOPS * 1000 / 2.0

@@ -124,7 +124,7 @@ def test_unknown_loss_is_refused():
         output_grams.collect_output_grams(model, arch.resolve("llama"), _windows(), [0], loss="kl")
 
 
-def test_whitenings_are_cached_and_damped_from_one_eigendecomposition(monkeypatch):
+def test_whitenings_are_cached_per_damping_and_are_roots_of_the_damped_gram(monkeypatch):
     model = tiny_model("llama")
     spec = arch.resolve(model.config.model_type)
     entry = output_grams.collect_output_grams(model, spec, _windows(), [0], progress=False)[0]
@@ -134,10 +134,10 @@ def test_whitenings_are_cached_and_damped_from_one_eigendecomposition(monkeypatc
     plain = entry.whitening("gate")
     assert entry.whitening("gate") is plain
     damped = entry.whitening("gate", 0.5)
-    assert entry.whitening("gate", 0.5) is damped and len(calls) == 1
+    assert entry.whitening("gate", 0.5) is damped and len(calls) == 2
     expected = decompose.damped_gram(entry.gate, 0.5)
-    # Up to the eigenvalue floor (48 tokens: the 96² Gram is singular).
+    # Up to the ridge (48 tokens: the 96² Gram is singular).
     scale = float(expected.abs().max())
-    torch.testing.assert_close(damped.matrix() @ damped.matrix(), expected, rtol=1e-6, atol=1e-5 * scale)
+    torch.testing.assert_close(damped.gram(), expected, rtol=1e-6, atol=1e-5 * scale)
     entry.whitening("down", 0.5)
-    assert len(calls) == 2
+    assert len(calls) == 3

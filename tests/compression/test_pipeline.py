@@ -123,10 +123,10 @@ def test_budget_allocation_meets_the_budget_from_measured_divergences(tokenizer,
     uniform = _compress(tiny_model("qwen3"), tokenizer, method=method, keep=0.5)
     params = uniform.params_after["mlp"]
     keep = params / uniform.params_before["mlp"]  # the same parameter count as the uniform ranks
-    eigendecompositions = count_calls(monkeypatch, decompose.Whitening, "from_gram")
+    factorisations = count_calls(monkeypatch, decompose.Whitening, "from_gram")
     allocated = _compress(tiny_model("qwen3"), tokenizer, method=method, keep=keep, allocation="budget")
-    # Each Gram is decomposed once, for the probe, and its whitening reused by the compression.
-    assert len(eigendecompositions) == (2 * 2 if method == "whiten" else 0)
+    # Each Gram is factorised once, for the probe, and its whitening reused by the compression.
+    assert len(factorisations) == (2 * 2 if method == "whiten" else 0)
     assert allocated.params_after["mlp"] <= params
     assert params - allocated.params_after["mlp"] < 3 * 8 * 160  # within one layer block of align 8
     info = allocated.allocation

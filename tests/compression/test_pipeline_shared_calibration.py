@@ -21,10 +21,10 @@ def test_precomputed_calibration_matches_a_full_compress(tokenizer, monkeypatch)
     for keep in (0.7, 0.5):
         fresh, shared = tiny_model("llama"), tiny_model("llama")
         expected = pipeline.compress(fresh, tokenizer, _config(keep), SAMPLE_TEXT, progress=False)
-        eigendecompositions = count_calls(monkeypatch, decompose.Whitening, "from_gram")
+        factorisations = count_calls(monkeypatch, decompose.Whitening, "from_gram")
         report = pipeline.compress(shared, tokenizer, _config(keep), progress=False, calibration=calibration)
         # Two Grams per layer, decomposed by the first keep only and kept for the next.
-        assert len(eigendecompositions) == (4 if keep == 0.7 else 0)
+        assert len(factorisations) == (4 if keep == 0.7 else 0)
         monkeypatch.undo()
         assert report.calibration == expected.calibration == calibration.info
         assert report.layers == expected.layers

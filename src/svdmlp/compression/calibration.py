@@ -193,9 +193,9 @@ class LayerGrams:
     for the ``fisher`` method, the dense model's output-gradient Grams of the layer (``outputs``).
 
     Each Gram's whitening is computed once, when first asked for, and kept with it: the allocation
-    probe and the compression of a layer, and every keep of a sweep, share one eigendecomposition
-    (25 s for Qwen2.5-0.5B's 4864² down Gram on 2 cores), at the price of holding it beside the Gram;
-    with ``keep_whitenings`` off (a model too big for memory) none is kept.
+    probe and the compression of a layer, and every keep of a sweep, share one Cholesky root (1 s for
+    Qwen2.5-0.5B's 4864² down Gram on 2 cores), at the price of holding it beside the Gram; with
+    ``keep_whitenings`` off (a model too big for memory) none is kept.
     """
 
     gate_up: torch.Tensor

@@ -3,12 +3,11 @@ step and the time it takes, stated before any work starts (``svdmlp compress``'s
 checked against ``--max-memory``.
 
 Memory is counted as the step's largest live tensors: weights loaded in float32, Gram matrices and
-eigendecompositions in float64 (an ``n × n`` eigendecomposition holds the symmetrised copy, the
-eigenvectors and LAPACK's ``2n²`` workspace at once), logits in float32, calibration activations, plus
-the interpreter with torch and transformers loaded. Time is counted in floating-point operations at
-rates measured on this machine in a fraction of a second (:meth:`Rates.measure`): forward passes at the
-float32 matrix-product rate, Gram accumulation at the float64 one, eigendecompositions as
-``EIGH_FLOPS·n³`` at the float64 one.
+their Cholesky roots in float64 (making a root holds a Gram read from disk and the copy that becomes
+the root), logits in float32, calibration activations, plus the interpreter with torch and
+transformers loaded. Time is counted in floating-point operations at rates measured on this machine
+in a fraction of a second (:meth:`Rates.measure`): forward passes at the float32 matrix-product rate,
+Gram accumulation, roots (``ROOT_FLOPS·n³``), weightings and SVDs at the float64 one.
 BENCHMARKS.md compares both with measured runs.
 """
 
@@ -64,10 +63,10 @@ class Shapes:
         return self.layers * self.layer_params + self.vocab * self.hidden * (1 if self.tied else 2)
 
 
-# Floating-point operations of an n × n float64 eigendecomposition (tridiagonalisation and divide and
-# conquer with eigenvectors), as c·n³ at the float64 product rate: 7 fits torch.linalg.eigh at
-# n = 2048 and 4096 on the development machine (1.6 s and 12.1 s).
-EIGH_FLOPS = 7.0
+# Floating-point operations of an n × n float64 Cholesky root (n³/3) and its power iteration for the
+# ridge, as c·n³ at the float64 product rate: 0.4 fits decompose.Whitening.from_gram at n = 8192 on the
+# development machine (5.5 s at 48 GFLOP/s, before the power iteration was cut from 32 to 12 passes).
+ROOT_FLOPS = 0.4
 
 
 @dataclass(frozen=True)
@@ -90,9 +89,9 @@ class Rates:
         a = torch.randn(1024, 1024)
         return cls(f32=rate(a), f64=rate(a.double()))
 
-    def eigh(self, n: int) -> float:
-        """Seconds of an ``n × n`` float64 eigendecomposition."""
-        return EIGH_FLOPS * n**3 / self.f64
+    def root(self, n: int) -> float:
+        """Seconds of an ``n × n`` float64 Cholesky root (:class:`~svdmlp.compression.decompose.Whitening`)."""
+        return ROOT_FLOPS * n**3 / self.f64
 
 
 @dataclass(frozen=True)
@@ -147,9 +146,9 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _eigh_bytes(n: int) -> float:
-    """A float64 eigendecomposition's transients: the symmetrised copy, the eigenvectors, the workspace."""
-    return 4 * n * n * F64
+def _root_bytes(n: int) -> float:
+    """Making a float64 Cholesky root: the Gram read from its file and the copy that becomes the root."""
+    return 2 * n * n * F64
 
 
 def predict(
@@ -173,36 +172,38 @@ def predict(
         memory["factorisation"] = model + layer + 2 * i * h * F64
         seconds["factorisation"] = compressed * 3 * 4 * h * h * i / rates.f64
         return Footprint(memory, seconds, rates)
-    if config.needs_output_grams:
+    fisher = config.needs_output_grams
+    if fisher:
         held = output_grams if on_disk else compressed * output_grams
         head = embedding + window * vocab * F32 * LOGIT_COPIES
-        memory["output Grams"] = model + max(head, layer + held + _eigh_bytes(i) + 2 * hidden_states)
+        memory["output Grams"] = model + max(head, layer + held + 2 * hidden_states)
         seconds["output Grams"] = (
-            3 * forward / rates.f32
-            + compressed * tokens * 2 * (2 * i * i + h * h) / rates.f64
-            + compressed * 2 * rates.eigh(i)
+            3 * forward / rates.f32 + compressed * tokens * 2 * (2 * i * i + h * h) / rates.f64
         )
+    # Per layer: its input Grams' accumulation, the roots of its Grams (input, and output with fisher),
+    # and each projection's weighting, SVD and return through the roots.
+    roots = rates.root(i) + rates.root(h) + (2 * rates.root(i) + rates.root(h) if fisher else 0)
+    factorise = (
+        tokens * 2 * (h * h + i * i)
+        + 12 * h * h * i
+        + 3 * h * i * i
+        + 6 * h * h * i
+        + (6 * h * i * i if fisher else 0)
+    ) / rates.f64 + roots
     probe_tokens = SENSITIVITY_TOKENS
     per_layer = model + layer + input_grams + hidden_states
     if config.allocation == "budget":
         probe = embedding + probe_tokens * vocab * F32 * 3
-        memory["allocation"] = per_layer + max(_eigh_bytes(i) + i * i * F64, probe)
-        seconds["allocation"] = compressed * (
-            tokens * 2 * (h * h + i * i) / rates.f64
-            + (rates.eigh(i) + rates.eigh(h))
-            + 2 * shapes.params * probe_tokens / 2 / rates.f32
-        )
+        memory["allocation"] = per_layer + max(_root_bytes(i), probe)
+        seconds["allocation"] = compressed * (factorise + 2 * shapes.params * probe_tokens / 2 / rates.f32)
     closed_form = (2 * i * i * F64 + hidden_states) if config.heals_closed_form else 0
     # Only one-shot factorising in memory after allocation keeps every layer's input Grams (the probes').
     reused = not on_disk and not config.sequential and config.allocation == "budget"
     memory["factorisation"] = (
-        per_layer + closed_form + _eigh_bytes(i) + (compressed * input_grams if reused else 0)
+        per_layer + closed_form + _root_bytes(i) + (compressed * input_grams if reused else 0)
     )
-    seconds["factorisation"] = (
-        (forward / rates.f32 if config.sequential else 0)
-        + compressed * tokens * 2 * (h * h + i * i) / rates.f64
-        + compressed * (rates.eigh(i) * (2 if config.heals_closed_form else 1) + rates.eigh(h))
-        + compressed * 3 * 4 * h * h * i / rates.f64
+    seconds["factorisation"] = (forward / rates.f32 if config.sequential else 0) + compressed * (
+        factorise + (rates.root(i) if config.heals_closed_form else 0)
     )
     if config.heals_lora:
         rank = max(1, int(config.keep * h * i / (h + i)))

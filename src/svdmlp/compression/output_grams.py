@@ -46,46 +46,34 @@ LOSSES = ("sampled", "labels")
 class OutputGrams:
     """Float64 Grams of one MLP's output gradients: ``gate`` and ``up`` (inter²), ``down`` (hidden²).
 
-    In memory, each whitening (at each damping) is computed once, when first asked for, and kept: one
-    eigendecomposition per Gram serves every damping (:meth:`decompose.Whitening.damped`). Spilled to
-    disk (:meth:`spill`), the Grams are replaced by their eigendecompositions in a file, read when
-    asked for and never kept: a big model's Grams are made once and used twice (allocation probes, then
-    the factorisation), one projection at a time.
+    In memory, each whitening (at each damping) is computed once, when first asked for, and kept.
+    Spilled to disk (:meth:`spill`), the Grams are in a file, read when asked for and never kept: a big
+    model's Grams are made once and used twice (allocation probes, then the factorisation), one
+    projection at a time, and their Cholesky roots are cheap to make again each time.
     """
 
     gate: torch.Tensor | None
     up: torch.Tensor | None
     down: torch.Tensor | None
     tokens: int = 0
-    path: Path | None = None  # the spilled eigendecompositions
+    path: Path | None = None  # the spilled Grams
     _whitenings: dict[tuple[str, float], decompose.Whitening] = field(
         default_factory=dict, repr=False, compare=False
     )
 
     def gram(self, projection: str) -> torch.Tensor:
-        """The Gram of ``projection``'s output gradient ("gate", "up" or "down"); spilled, rebuilt from
-        its eigendecomposition (eigenvalues floored as every whitening floors them)."""
+        """The Gram of ``projection``'s output gradient ("gate", "up" or "down"), read from its file
+        when spilled."""
         if self.path is None:
             return getattr(self, projection)
-        base = self._spilled(projection)
-        return (base.basis * base.root.square()) @ base.basis.T
-
-    def _spilled(self, projection: str) -> decompose.Whitening:
-        with safe_open(self.path, framework="pt") as handle:  # the basis stored transposed, see spill
-            basis = handle.get_tensor(f"{projection}.basis_t").mT
-            return decompose.Whitening(basis, handle.get_tensor(f"{projection}.root"))
+        with safe_open(self.path, framework="pt") as handle:
+            return handle.get_tensor(projection)
 
     def spill(self, path: Path) -> None:
-        """Replace the Grams by their eigendecompositions in the file ``path`` (float64), one Gram
-        decomposed and dropped at a time."""
-        tensors = {}
+        """Move the Grams to the file ``path`` (float64)."""
+        save_file({name: getattr(self, name) for name in arch.PROJECTIONS}, path)
         for name in arch.PROJECTIONS:
-            base = decompose.Whitening.from_gram(getattr(self, name))
             setattr(self, name, None)
-            # eigh's eigenvectors are column-major: their transpose is stored without a copy.
-            tensors.update({f"{name}.basis_t": base.basis.mT.contiguous(), f"{name}.root": base.root})
-            del base
-        save_file(tensors, path)
         self.path = path
 
     def discard(self) -> None:
@@ -96,16 +84,10 @@ class OutputGrams:
     def whitening(self, projection: str, damping: float = 0.0) -> decompose.Whitening:
         """The root of :func:`decompose.damped_gram` ``(gram(projection), damping)``."""
         if self.path is not None:
-            base = self._spilled(projection)
-            return base if damping == 0 else base.damped(damping)
+            return decompose.Whitening.from_gram(self.gram(projection), damping=damping)
         key = (projection, float(damping))
         if key not in self._whitenings:
-            base = self._whitenings.get((projection, 0.0))
-            if base is None:
-                base = self._whitenings[(projection, 0.0)] = decompose.Whitening.from_gram(
-                    self.gram(projection)
-                )
-            self._whitenings[key] = base if damping == 0 else base.damped(damping)
+            self._whitenings[key] = decompose.Whitening.from_gram(self.gram(projection), damping=damping)
         return self._whitenings[key]
 
     @classmethod

@@ -70,16 +70,25 @@ def test_compensating_down_never_increases_the_error_and_reports_it_exactly(seed
 
 def test_compensating_down_is_the_reduced_rank_regression_optimum():
     """Against an independent solution: the best rank-r fit of H·Wᵀ from H̃, by projecting the
-    least-squares fit onto the top singular directions of its prediction (Eckart–Young)."""
+    least-squares fit onto the top singular directions of its prediction (Eckart–Young). The fit is a
+    ridge regression (the whitening's ridge δ on H̃ᵀH̃), so the independent one is too: H̃ augmented
+    by √δ·I, its target by zeros."""
     down, h, h_tilde, grams = _activations(5, 4)
     rank = 5
     healed = heal.compensating_down(down, grams, rank, decompose.plain_svd(down, rank))
-    coefficients = torch.linalg.lstsq(h_tilde, h @ down.double().T).solution  # (inter, hidden)
-    prediction = h_tilde @ coefficients
+    ridge = float(
+        (decompose.Whitening.from_gram(grams.compressed).gram() - grams.compressed).diagonal().mean()
+    )
+    top = float(torch.linalg.eigvalsh(grams.compressed).max())
+    assert decompose.RIDGE * top / 2 <= ridge <= decompose.RIDGE * top * (1 + 1e-9)  # power iteration
+    inputs = torch.cat([h_tilde, ridge**0.5 * torch.eye(INTER, dtype=torch.float64)])
+    target = torch.cat([h @ down.double().T, torch.zeros(INTER, HIDDEN, dtype=torch.float64)])
+    coefficients = torch.linalg.lstsq(inputs, target).solution  # (inter, hidden)
+    prediction = inputs @ coefficients
     _, _, right_h = torch.linalg.svd(prediction, full_matrices=False)
     projector = right_h[:rank].T @ right_h[:rank]
-    best = h_tilde @ coefficients @ projector
-    fitted = h_tilde @ (healed.factors.v.double() @ healed.factors.u.double()).T
+    best = inputs @ coefficients @ projector
+    fitted = inputs @ (healed.factors.v.double() @ healed.factors.u.double()).T
     torch.testing.assert_close(fitted, best, rtol=1e-3, atol=1e-3 * float(best.abs().max()))
 
 

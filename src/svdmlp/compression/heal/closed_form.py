@@ -89,12 +89,12 @@ def output_error(weight: torch.Tensor, factors: Factors, grams: DownGrams) -> fl
 
 
 def rotated_target(weight: torch.Tensor, grams: DownGrams, whitening: Whitening) -> torch.Tensor:
-    """``M₀·Q·diag(r)`` for ``M₀ = W·Cᵀ·G⁻¹``, ``G = Q·diag(r²)·Qᵀ`` (floored): ``W·Cᵀ·Q·diag(1/r)``.
+    """``M₀·L`` for ``M₀ = W·Cᵀ·G⁻¹``, ``G = L·Lᵀ`` (ridged): ``W·Cᵀ·L⁻ᵀ``, one triangular solve.
 
     The input :meth:`svdmlp.compression.decompose.Decomposition.of_rotated` wants, without ever forming ``G⁻¹``.
     """
     w = weight.detach().to(torch.float64)
-    return (w @ grams.cross.T @ whitening.basis) / whitening.root
+    return torch.linalg.solve_triangular(whitening.lower.mT, w @ grams.cross.T, upper=True, left=False)
 
 
 def compensating_down(weight: torch.Tensor, grams: DownGrams, rank: int, before: Factors) -> Healed:
