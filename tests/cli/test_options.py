@@ -76,3 +76,10 @@ def test_a_record_that_is_not_json_leaves_the_old_file(tmp_path):
         options.write_json({"bad": object()}, str(path))
     assert json.loads(path.read_text()) == {"ok": True}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+
+
+def test_the_model_help_names_every_built_in_model_default_first():
+    from svdmlp import models
+
+    assert set(options.BUILT_IN_MODELS) == set(models.PACKAGED)
+    assert options.BUILT_IN_MODELS[0] == models.DEFAULT_MODEL

@@ -23,9 +23,11 @@ from svdmlp.config import CalibrationSpec, LoraSpec
 from svdmlp.paths import under_umask
 
 DTYPES = ("float32", "bfloat16", "float16")
+# The built-in models (svdmlp.models.PACKAGED, which this module does not import: it loads torch).
+BUILT_IN_MODELS = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma-3-270m")
 MODEL_HELP = (
-    "built-in model (smollm2-135m, qwen2.5-coder-0.5b, gemma-3-270m), .gguf file, model directory or hub id "
-    "(default: smollm2-135m)"
+    f"built-in model ({', '.join(BUILT_IN_MODELS)}), .gguf file, model directory or hub id "
+    f"(default: {BUILT_IN_MODELS[0]})"
 )
 
 
