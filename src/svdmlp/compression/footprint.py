@@ -193,7 +193,7 @@ def predict(
     probe_tokens = SENSITIVITY_TOKENS
     per_layer = model + layer + input_grams + hidden_states
     if config.allocation == "budget":
-        probe = embedding + probe_tokens * vocab * F32 * 3
+        probe = embedding + probe_tokens * vocab * F32 * 2  # the dense and the probed log-probabilities
         memory["allocation"] = per_layer + max(_root_bytes(i), probe)
         seconds["allocation"] = compressed * (factorise + 2 * shapes.params * probe_tokens / 2 / rates.f32)
     closed_form = (2 * i * i * F64 + hidden_states) if config.heals_closed_form else 0

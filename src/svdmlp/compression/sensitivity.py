@@ -23,7 +23,6 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from svdmlp import arch, lazy
@@ -52,11 +51,27 @@ def _reconstructed(
             arch.dense_projection(model, spec, index, name).weight.data = data
 
 
+# Rows of (tokens, vocab) log-probabilities whose KL terms are formed at once: a few MB of
+# temporaries for a 128k vocabulary, where the whole product took three more copies of the logits.
+KL_ROWS = 32
+
+
 def _log_probs(model: nn.Module, windows: torch.Tensor) -> torch.Tensor:
-    """Next-token log-probabilities of all ``windows`` in one forward pass (a model on disk loads each
-    layer once per pass)."""
+    """Next-token log-probabilities ``(tokens, vocab)`` of all ``windows`` in one forward pass (a model
+    on disk loads each layer once per pass), normalised in place (no second copy of the logits)."""
     device = next(model.parameters()).device
-    return F.log_softmax(model(input_ids=windows.to(device), use_cache=False).logits.float(), dim=-1)
+    logits = model(input_ids=windows.to(device), use_cache=False).logits.float()
+    logits = logits.reshape(-1, logits.shape[-1])
+    return logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
+
+
+def _kl(dense: torch.Tensor, probed: torch.Tensor) -> float:
+    """``Σ p·(log p − log q)`` over all rows of two ``(tokens, vocab)`` log-probabilities, a few rows
+    at a time."""
+    return sum(
+        float((p.exp() * (p - q)).sum())
+        for p, q in zip(dense.split(KL_ROWS), probed.split(KL_ROWS), strict=True)
+    )
 
 
 @contextmanager
@@ -108,7 +123,7 @@ class Probe:
             stood_in(self.layers, {i: _Replay(self.outputs[i]) for i in range(index)}),
         ):
             probed = _log_probs(self.model, self.windows)
-        return float((self.dense.exp() * (self.dense - probed)).sum()) / self.windows.numel()
+        return _kl(self.dense, probed) / self.windows.numel()
 
 
 def allocate(

@@ -25,7 +25,7 @@ import torch
 
 from svdmlp.activations import activate
 from svdmlp.compression.decompose import Decomposition, Factors, Whitening
-from svdmlp.compression.gram import accumulate_gram
+from svdmlp.compression.gram import accumulate_gram, accumulate_product
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 
@@ -70,7 +70,7 @@ def down_grams(
         h = activate(dense[0](x), activation) * dense[1](x)  # (tokens, inter)
         h_tilde = activate(compressed[0](x), activation) * compressed[1](x)
         accumulate_gram(grams.compressed, h_tilde)
-        grams.cross += (h_tilde.T @ h).to(torch.float64)
+        accumulate_product(grams.cross, h_tilde, h)
     if not inputs:
         raise ValueError("no calibration inputs reached this MLP")
     return grams
