@@ -23,6 +23,7 @@ def test_compress_prints_layer_table_and_summary(compressed, tmp_path, capsys):
     )
     assert code == 0
     assert err.startswith("svdmlp: predicted: peak memory ")  # before any work
+    assert "svdmlp: calibration done at " in err and "left at this pace (factorisation)" in err
     lines = out.splitlines()
     assert lines[0].split() == [
         "layer",

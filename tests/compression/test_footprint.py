@@ -44,9 +44,9 @@ def test_a_model_on_disk_needs_a_layer_not_the_model():
 def test_distillation_holds_the_whole_model_only_in_memory():
     config = _config(heal="closed-form+lora", lora=LoraSpec(16, 3e-5, 512))
     in_memory = footprint.predict(LLAMA_1B, config, 16, False, RATES)
-    assert in_memory.memory["distillation"] > LLAMA_1B.params * 4
+    assert in_memory.memory["healing"] > LLAMA_1B.params * 4
     on_disk = footprint.predict(LLAMA_1B, config, 16, True, RATES)
-    assert on_disk.memory["distillation"] < LLAMA_1B.params * 4  # less than the model in float32
+    assert on_disk.memory["healing"] < LLAMA_1B.params * 4  # less than the model in float32
 
 
 def test_time_grows_with_the_layers_and_the_line_says_it():
@@ -56,3 +56,17 @@ def test_time_grows_with_the_layers_and_the_line_says_it():
     line = two.line()
     assert line.startswith("predicted: peak memory ") and "GB" in line and "time" in line
     assert footprint.Rates(1.0, 2.0).root(10) == footprint.ROOT_FLOPS * 1000 / 2.0
+
+
+def test_the_pace_line_scales_the_steps_left_by_the_pace_so_far():
+    prediction = footprint.Footprint(
+        {}, {"calibration": 60.0, "allocation": 120.0, "factorisation": 60.0}, RATES
+    )
+    line = prediction.pace_line(["calibration"], 90.0)  # 1.5x slower than predicted
+    assert (
+        line
+        == "calibration done at 90 s (predicted 60 s); about 4 min left at this pace (allocation, factorisation)"
+    )
+    assert prediction.pace_line(["calibration", "allocation", "factorisation"], 200.0) == (
+        "factorisation done at 3 min (predicted 4 min)"
+    )

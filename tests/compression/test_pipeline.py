@@ -214,3 +214,33 @@ def test_a_shared_calibration_without_output_grams_is_refused_for_fisher(tokeniz
     config = CompressConfig(keep=0.5, align=8, method="fisher", calibration=CALIB)
     with pytest.raises(ValueError, match="no output-gradient Grams, which method 'fisher' needs"):
         pipeline.compress(tiny_model("llama"), tokenizer, config, progress=False, calibration=calibration)
+
+
+@pytest.mark.parametrize(
+    "recipe, steps",
+    [
+        ({"method": "whiten"}, ["factorisation"]),
+        (
+            {
+                "method": "fisher",
+                "allocation": "budget",
+                "sequential": True,
+                "heal": "closed-form+lora",
+                "lora": LoraSpec(2, 3e-5, 32),
+            },
+            ["calibration", "allocation", "factorisation", "healing"],
+        ),
+    ],
+)
+def test_each_step_that_runs_is_announced_as_it_ends(tokenizer, recipe, steps):
+    config = CompressConfig(**{"keep": 0.5, "align": 8, "calibration": CALIB, **recipe})
+    announced = []
+    pipeline.compress(
+        tiny_model("llama"),
+        tokenizer,
+        config,
+        calibration_text=SAMPLE_TEXT,
+        progress=False,
+        on_step=announced.append,
+    )
+    assert announced == steps

@@ -136,9 +136,7 @@ def _check_footprint(args: argparse.Namespace, compress_config):
     limit = args.max_memory * footprint.GB if args.max_memory is not None else footprint.available_memory()
     step, peak = predicted.peak
     if limit is not None and peak > limit:
-        advice = (
-            " (pass --heal closed-form: distillation holds the whole model)" if step == "distillation" else ""
-        )
+        advice = " (pass --heal closed-form: distillation holds the whole model)" if step == "healing" else ""
         raise ValueError(
             f"the {step} step is predicted to need {peak / footprint.GB:.1f} GB, more than the "
             f"{limit / footprint.GB:.1f} GB allowed (--max-memory){advice}"
@@ -165,7 +163,14 @@ def run(args: argparse.Namespace) -> options.Outcome:
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.layers-", dir=out.parent))
     try:
         model, tokenizer = models.load_for_compression(args.model, dtype, device, scratch)
-        result = pipeline.compress(model, tokenizer, compress_config)
+        done = []
+
+        def on_step(step: str) -> None:
+            done.append(step)
+            line = predicted.pace_line(done, time.perf_counter() - started)
+            print(f"svdmlp: {line}", file=sys.stderr, flush=True)
+
+        result = pipeline.compress(model, tokenizer, compress_config, on_step=on_step)
         base = args.model or models.DEFAULT_MODEL
         path = checkpoint.save(
             out, model, tokenizer, compress_config, result, base, overwrite=args.overwrite, dtype=save_dtype

@@ -117,6 +117,19 @@ class Footprint:
         step = max(self.memory, key=self.memory.get)
         return step, self.memory[step]
 
+    def pace_line(self, done: list[str], elapsed: float) -> str:
+        """After the steps ``done`` (in order) took ``elapsed`` seconds: how far the run is against the
+        prediction, and the time left at this run's own pace (the remaining steps' predicted seconds
+        scaled by the measured/predicted ratio so far)."""
+        predicted = sum(self.seconds.get(step, 0.0) for step in done)
+        left = [step for step in self.seconds if step not in done]
+        text = f"{done[-1]} done at {_duration(elapsed)} (predicted {_duration(predicted)})"
+        if not left:
+            return text
+        pace = elapsed / predicted if predicted > 0 else 1.0
+        remaining = pace * sum(self.seconds[step] for step in left)
+        return f"{text}; about {_duration(remaining)} left at this pace ({', '.join(left)})"
+
     def line(self) -> str:
         step, peak = self.peak
         total = sum(self.seconds.values())
@@ -177,8 +190,8 @@ def predict(
     if fisher:
         held = output_grams if on_disk else compressed * output_grams
         head = embedding + window * vocab * F32 * LOGIT_COPIES
-        memory["output Grams"] = model + max(head, layer + held + 2 * hidden_states)
-        seconds["output Grams"] = (
+        memory["calibration"] = model + max(head, layer + held + 2 * hidden_states)
+        seconds["calibration"] = (
             3 * forward / rates.f32 + compressed * tokens * 2 * (2 * i * i + h * h) / rates.f64
         )
     # Per layer: its input Grams' accumulation, the roots of its Grams (input, and output with fisher),
@@ -214,9 +227,9 @@ def predict(
         if on_disk:  # one layer, its factors' gradients and AdamW state, the window's layer inputs
             layer_factors = 3 * (h + i) * rank * F32
             step = layer + 3 * layer_factors + shapes.layers * (config.lora.seq_len + 1) * h * F32
-            memory["distillation"] = model + max(embedding + logits, step)
+            memory["healing"] = model + max(embedding + logits, step)
         else:
             factors = compressed * 3 * (h + i) * rank
-            memory["distillation"] = model + factors * 3 * F32 + logits
-        seconds["distillation"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / rates.f32
+            memory["healing"] = model + factors * 3 * F32 + logits
+        seconds["healing"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / rates.f32
     return Footprint(memory, seconds, rates)

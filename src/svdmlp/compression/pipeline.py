@@ -20,6 +20,7 @@ once it has run on the calibration windows.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -148,6 +149,7 @@ def compress(
     calibration_text: str | None = None,
     progress: bool = True,
     calibration: Calibration | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> CompressionReport:
     """Factorise the MLPs of ``model`` in place as ``config`` says and report what was done.
 
@@ -159,12 +161,19 @@ def compress(
         calibration: Grams from :func:`collect_calibration` on the same dense model and config
             (keep aside); when given, no calibration forward pass runs here. In sequential mode
             the dense Grams only serve budget allocation: each layer is calibrated as it comes.
+        on_step: called with each step's name ("calibration", "allocation", "factorisation",
+            "healing") as it ends, for the steps that run (the command line's time left).
 
     Returns:
         A report with every decoder layer (compressed or skipped with the reason), ranks, achieved
         keep, errors, parameter counts and the hash of the calibration tokens.
     """
     started = time.perf_counter()
+
+    def step_done(step: str) -> None:
+        if on_step is not None:
+            on_step(step)
+
     spec = arch.of_model(model)
     layers = arch.decoder_layers(model, spec)
     selected, skip, to_compress = _layers_to_compress(model, spec, config)
@@ -195,6 +204,7 @@ def compress(
         and to_compress
     ):
         calibration = _collect(model, spec, windows(), to_compress, progress, config, calibration_text, reuse)
+        step_done("calibration")
     if calibration is not None and config.needs_calibration and to_compress:
         missing = sorted(set(to_compress) - set(calibration.grams))
         if missing and calibration.grams and not config.sequential:
@@ -223,6 +233,7 @@ def compress(
             model, spec, planned, dense, probes, config.keep, config.align, progress
         )
         timings["allocation"] = allocation["seconds"]
+        step_done("allocation")
 
     done_by_index, sequential_calibration = {}, 0.0
     layer_by_layer = config.sequential or (config.needs_calibration and not grams)
@@ -275,11 +286,13 @@ def compress(
             if collected_here:
                 _discard(outputs.get(index))
     done = time.perf_counter()
+    step_done("factorisation")
 
     healing = {}
     if teacher is not None:
         healing = _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, bos, progress)
         timings["healing"] = healing["seconds"]
+        step_done("healing")
     del teacher  # the dense MLPs it kept
     finished = time.perf_counter()
     return CompressionReport(
