@@ -273,3 +273,20 @@ def test_existing_decomposition_api_is_unchanged_without_an_output():
     assert decompose.weighted_relative_error(w, b, gram) == decompose.weighted_relative_error(
         w, b, gram, None
     )
+
+
+def test_a_reloadable_gram_becomes_its_root_and_a_failed_attempt_reloads():
+    gram = _correlated_gram(12)
+    expected = decompose.Whitening.from_gram(gram.clone()).lower
+    mine = gram.clone()
+    whitening = decompose.Whitening.from_gram(mine, reload=gram.clone)
+    assert whitening.lower.data_ptr() == mine.data_ptr()  # no second buffer
+    torch.testing.assert_close(whitening.lower, expected, rtol=0, atol=0)
+    # Slightly indefinite, as rounding leaves a Gram: the first ridge fails, the next on a fresh copy works.
+    top = float(torch.linalg.eigvalsh(gram).max())
+    indefinite = gram - 3e-6 * top * torch.eye(12, dtype=torch.float64)
+    reloads = []
+    root = decompose.Whitening.from_gram(
+        indefinite.clone(), reload=lambda: reloads.append(1) or indefinite.clone()
+    )
+    assert reloads == [1] and torch.isfinite(root.lower).all()

@@ -141,3 +141,18 @@ def test_whitenings_are_cached_per_damping_and_are_roots_of_the_damped_gram(monk
     torch.testing.assert_close(damped.gram(), expected, rtol=1e-6, atol=1e-5 * scale)
     entry.whitening("down", 0.5)
     assert len(calls) == 3
+
+
+def test_spilled_grams_give_the_same_grams_and_roots_and_are_deleted_after(tmp_path):
+    model = tiny_model("llama")
+    spec = arch.resolve(model.config.model_type)
+    kept = output_grams.collect_output_grams(model, spec, _windows(), [1], progress=False)[1]
+    spilled = output_grams.collect_output_grams(model, spec, _windows(), [1], progress=False, spill=tmp_path)[
+        1
+    ]
+    assert spilled.gate is None and spilled.path.parent == tmp_path  # nothing of it left in memory
+    for name in ("gate", "up", "down"):
+        torch.testing.assert_close(spilled.gram(name), kept.gram(name), rtol=0, atol=0)
+        torch.testing.assert_close(spilled.whitening(name, 0.1).lower, kept.whitening(name, 0.1).lower)
+    spilled.discard()
+    assert not spilled.path.exists()

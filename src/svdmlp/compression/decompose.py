@@ -15,6 +15,7 @@ the Kronecker-factored (K-FAC) second-order estimate of the loss increase, inste
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,9 +70,21 @@ class Whitening:
     lower: torch.Tensor  # L (n, n), float64, lower triangular
 
     @classmethod
-    def from_gram(cls, gram: torch.Tensor, ridge: float = RIDGE, damping: float = 0.0) -> Whitening:
+    def from_gram(
+        cls,
+        gram: torch.Tensor,
+        ridge: float = RIDGE,
+        damping: float = 0.0,
+        reload: Callable[[], torch.Tensor] | None = None,
+    ) -> Whitening:
         """The root of ``G + damping·mean(diag G)·I`` (:func:`damped_gram`) plus the ridge, made in
-        one float64 copy of ``G`` that becomes ``L`` (memory: the Gram and one n² buffer)."""
+        one float64 copy of ``G`` that becomes ``L`` (memory: the Gram and one n² buffer).
+
+        Args:
+            reload: gives the Gram again (from its file): ``gram`` is then the caller's to lose and
+                becomes the root itself (no second n² buffer: 1.6 GB at n = 14336), and should
+                rounding call for a larger ridge, the next attempt works on a fresh copy from it.
+        """
         if damping < 0:
             raise ValueError(f"damping must be >= 0, got {damping}")
         if not torch.isfinite(gram).all():
@@ -84,7 +97,10 @@ class Whitening:
             raise ValueError("calibration Gram matrix is zero: no activations reached this projection")
         shift = damping * float(source.diagonal().double().mean())
         for attempt in range(3):  # rounding can leave a Gram slightly indefinite: raise the ridge
-            lower = source.to(torch.float64, copy=True)
+            if reload is None:
+                lower = source.to(torch.float64, copy=True)
+            else:
+                lower = (source if attempt == 0 else reload().detach()).to(torch.float64).contiguous()
             lower.diagonal().add_(shift + ridge * 100**attempt * top)
             # The row-major matrix read column-major is itself (symmetric), and the upper factor Uᵀ = L
             # computed in that view, in place, is L in row-major: no second n² buffer.

@@ -3,8 +3,8 @@ step and the time it takes, stated before any work starts (``svdmlp compress``'s
 checked against ``--max-memory``.
 
 Memory is counted as the step's largest live tensors: weights loaded in float32, Gram matrices and
-their Cholesky roots in float64 (making a root holds a Gram read from disk and the copy that becomes
-the root), logits in float32, calibration activations, plus the interpreter with torch and
+their Cholesky roots in float64 (a root is one n² buffer: the copy of a Gram, or a Gram read from
+disk, factorised in place), logits in float32, calibration activations, plus the interpreter with torch and
 transformers loaded. Time is counted in floating-point operations at rates measured on this machine
 in a fraction of a second (:meth:`Rates.measure`): forward passes at the float32 matrix-product rate,
 Gram accumulation, roots (``ROOT_FLOPS·n³``), weightings and SVDs at the float64 one.
@@ -161,8 +161,9 @@ def _duration(seconds: float) -> str:
 
 
 def _root_bytes(n: int) -> float:
-    """Making a float64 Cholesky root: the Gram read from its file and the copy that becomes the root."""
-    return 2 * n * n * F64
+    """Making a float64 Cholesky root: the copy that becomes the root (or, for a Gram read from its
+    file, the Gram itself)."""
+    return n * n * F64
 
 
 def predict(
@@ -210,9 +211,9 @@ def predict(
         probe = embedding + probe_tokens * vocab * F32 * 2  # the dense and the probed log-probabilities
         memory["allocation"] = per_layer + max(_root_bytes(i), probe)
         seconds["allocation"] = compressed * (factorise + 2 * shapes.params * probe_tokens / 2 / rates.f32)
-    # A layer's peak: the root of a Gram read from disk (the output side's), or closed form's two
-    # Grams, its MLP inputs and the root of one of them.
-    closed_form = (3 * i * i * F64 + hidden_states) if config.heals_closed_form else 0
+    # A layer's peak: the root of one Gram beside its input Grams, or closed form's two Grams, its
+    # MLP inputs and the root of one of them.
+    closed_form = (2 * i * i * F64 + hidden_states + _root_bytes(i)) if config.heals_closed_form else 0
     # Only one-shot factorising in memory after allocation keeps every layer's input Grams (the probes').
     reused = not on_disk and not config.sequential and config.allocation == "budget"
     memory["factorisation"] = (

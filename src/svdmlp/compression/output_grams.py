@@ -83,8 +83,10 @@ class OutputGrams:
 
     def whitening(self, projection: str, damping: float = 0.0) -> decompose.Whitening:
         """The root of :func:`decompose.damped_gram` ``(gram(projection), damping)``."""
-        if self.path is not None:
-            return decompose.Whitening.from_gram(self.gram(projection), damping=damping)
+        if self.path is not None:  # read for this root alone: it becomes the root
+            return decompose.Whitening.from_gram(
+                self.gram(projection), damping=damping, reload=lambda: self.gram(projection)
+            )
         key = (projection, float(damping))
         if key not in self._whitenings:
             self._whitenings[key] = decompose.Whitening.from_gram(self.gram(projection), damping=damping)
