@@ -190,7 +190,7 @@ def predict(
     fisher = config.needs_output_grams
     if fisher:
         held = output_grams if on_disk else compressed * output_grams
-        head = embedding + window * vocab * F32 * LOGIT_COPIES
+        head = (embedding if on_disk else 0) + window * vocab * F32 * LOGIT_COPIES
         memory["calibration"] = model + max(head, layer + held + 2 * hidden_states)
         seconds["calibration"] = (
             3 * forward / rates.f32 + compressed * tokens * 2 * (2 * i * i + h * h) / rates.f64
@@ -208,7 +208,8 @@ def predict(
     probe_tokens = SENSITIVITY_TOKENS
     per_layer = model + layer + input_grams + hidden_states
     if config.allocation == "budget":
-        probe = embedding + probe_tokens * vocab * F32 * 2  # the dense and the probed log-probabilities
+        # The embeddings, then the head, one at a time; the dense and the probed log-probabilities.
+        probe = (vocab * h * F32 if on_disk else 0) + probe_tokens * vocab * F32 * 2
         memory["allocation"] = per_layer + max(_root_bytes(i), probe)
         seconds["allocation"] = compressed * (factorise + 2 * shapes.params * probe_tokens / 2 / rates.f32)
     # A layer's peak: the root of one Gram beside its input Grams, or closed form's two Grams, its
