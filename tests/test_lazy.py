@@ -77,6 +77,7 @@ def _config(**changes) -> CompressConfig:
 
 RECIPES = {
     "default": {},
+    "default-resident": {},  # distillation with the model loaded whole
     "no-distillation": {"heal": "closed-form"},
     "one-shot": {"sequential": False, "heal": "none", "allocation": "uniform"},
     "one-shot-allocated": {"sequential": False, "heal": "none", "method": "whiten"},
@@ -91,7 +92,12 @@ def test_compressing_from_disk_gives_the_factors_compressing_in_memory_gives(tok
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     model, _, _ = models.load_lazy(str(tmp_path / "model"), scratch=scratch)
-    report = pipeline.compress(model, tokenizer, config, calibration_text=SAMPLE_TEXT, progress=False)
+    resident, resident_before = recipe.endswith("resident"), _loaded_elements(model)
+    report = pipeline.compress(
+        model, tokenizer, config, calibration_text=SAMPLE_TEXT, progress=False, resident_healing=resident
+    )
+    if resident:  # loaded for distillation only
+        assert _loaded_elements(model) == resident_before
     path = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
     loaded, _ = checkpoint.load(path)
     expected = in_memory.state_dict()

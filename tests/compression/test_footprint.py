@@ -47,6 +47,8 @@ def test_distillation_holds_the_whole_model_only_in_memory():
     assert in_memory.memory["healing"] > LLAMA_1B.params * 4
     on_disk = footprint.predict(LLAMA_1B, config, 16, True, RATES)
     assert on_disk.memory["healing"] < LLAMA_1B.params * 4  # less than the model in float32
+    resident = footprint.predict(LLAMA_1B, config, 16, True, RATES, resident_healing=True)
+    assert resident.memory["healing"] == pytest.approx(in_memory.memory["healing"])  # loaded whole
 
 
 def test_time_grows_with_the_layers_and_the_line_says_it():

@@ -81,7 +81,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         metavar="GB",
         help="refuse before any work when the predicted peak memory (the first line printed) exceeds "
-        "this many GB (default: the memory this machine has available)",
+        "this many GB (default: the memory this machine has available); distillation loads a model "
+        "whole, which is faster, where that needs at most a quarter of it",
     )
     p.add_argument("--out", required=True, help="checkpoint directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace an existing svdmlp checkpoint at --out")
@@ -123,7 +124,8 @@ def config(args: argparse.Namespace) -> CompressConfig:
 
 def _check_footprint(args: argparse.Namespace, compress_config):
     """Print the predicted peak memory and time (to stderr, with the progress bars); refuse a plan
-    whose peak exceeds ``--max-memory``. Returns the prediction."""
+    whose peak exceeds ``--max-memory``. Returns the prediction and whether a model on disk is loaded
+    whole for distillation: where that is predicted to need at most a quarter of the memory allowed."""
     from svdmlp import models
     from svdmlp.compression import footprint
 
@@ -131,9 +133,13 @@ def _check_footprint(args: argparse.Namespace, compress_config):
     shapes = footprint.Shapes.of_config(model_config)
     layers = len(compress_config.layers) if compress_config.layers is not None else shapes.layers
     on_disk = Path(location).is_dir()
-    predicted = footprint.predict(shapes, compress_config, layers, on_disk, footprint.Rates.measure())
-    print(f"svdmlp: {predicted.line()}", file=sys.stderr, flush=True)
     limit = args.max_memory * footprint.GB if args.max_memory is not None else footprint.available_memory()
+    rates = footprint.Rates.measure()
+    resident = footprint.predict(shapes, compress_config, layers, on_disk, rates, resident_healing=True)
+    healing = resident.memory.get("healing")
+    resident_healing = on_disk and healing is not None and limit is not None and healing <= limit / 4
+    predicted = footprint.predict(shapes, compress_config, layers, on_disk, rates, resident_healing)
+    print(f"svdmlp: {predicted.line()}", file=sys.stderr, flush=True)
     step, peak = predicted.peak
     if limit is not None and peak > limit:
         advice = " (pass --heal closed-form: distillation holds the whole model)" if step == "healing" else ""
@@ -141,7 +147,7 @@ def _check_footprint(args: argparse.Namespace, compress_config):
             f"the {step} step is predicted to need {peak / footprint.GB:.1f} GB, more than the "
             f"{limit / footprint.GB:.1f} GB allowed (--max-memory){advice}"
         )
-    return predicted
+    return predicted, resident_healing
 
 
 def run(args: argparse.Namespace) -> options.Outcome:
@@ -153,7 +159,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     compress_config = config(args)
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
     device, dtype = options.runtime(args)
-    predicted = _check_footprint(args, compress_config)
+    predicted, resident_healing = _check_footprint(args, compress_config)
     started = time.perf_counter()
     save_dtype = getattr(torch, args.save_dtype)
     out = Path(args.out).expanduser().resolve()
@@ -170,7 +176,9 @@ def run(args: argparse.Namespace) -> options.Outcome:
             line = predicted.pace_line(done, time.perf_counter() - started)
             print(f"svdmlp: {line}", file=sys.stderr, flush=True)
 
-        result = pipeline.compress(model, tokenizer, compress_config, on_step=on_step)
+        result = pipeline.compress(
+            model, tokenizer, compress_config, on_step=on_step, resident_healing=resident_healing
+        )
         base = args.model or models.DEFAULT_MODEL
         path = checkpoint.save(
             out, model, tokenizer, compress_config, result, base, overwrite=args.overwrite, dtype=save_dtype

@@ -167,10 +167,16 @@ def _root_bytes(n: int) -> float:
 
 
 def predict(
-    shapes: Shapes, config: CompressConfig, compressed: int, on_disk: bool, rates: Rates
+    shapes: Shapes,
+    config: CompressConfig,
+    compressed: int,
+    on_disk: bool,
+    rates: Rates,
+    resident_healing: bool = False,
 ) -> Footprint:
     """The footprint of compressing ``compressed`` decoder layers of a model of ``shapes`` as ``config``
-    says, its weights read from disk one unit at a time (``on_disk``) or held in memory."""
+    says, its weights read from disk one unit at a time (``on_disk``) or held in memory; with
+    ``resident_healing``, a model on disk loaded whole for distillation."""
     h, i, vocab = shapes.hidden, shapes.inter, shapes.vocab
     calibration = config.calibration
     tokens = calibration.num_samples * (calibration.seq_len + 1)
@@ -226,12 +232,12 @@ def predict(
     if config.heals_lora:
         rank = max(1, int(config.keep * h * i / (h + i)))
         logits = (config.lora.seq_len + 1) * vocab * F32 * LOGIT_COPIES * 2  # the teacher's and the student's
-        if on_disk:  # one layer, its factors' gradients and AdamW state, the window's layer inputs
+        if on_disk and not resident_healing:  # a layer, its factors' gradients and AdamW state, inputs
             layer_factors = 3 * (h + i) * rank * F32
             step = layer + 3 * layer_factors + shapes.layers * (config.lora.seq_len + 1) * h * F32
             memory["healing"] = model + max(embedding + logits, step)
-        else:
+        else:  # the whole model, every factor's gradient and AdamW state, the logits
             factors = compressed * 3 * (h + i) * rank
-            memory["healing"] = model + factors * 3 * F32 + logits
+            memory["healing"] = BASE_BYTES + shapes.params * F32 + factors * 3 * F32 + logits
         seconds["healing"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / rates.f32
     return Footprint(memory, seconds, rates)

@@ -150,6 +150,7 @@ def compress(
     progress: bool = True,
     calibration: Calibration | None = None,
     on_step: Callable[[str], None] | None = None,
+    resident_healing: bool = False,
 ) -> CompressionReport:
     """Factorise the MLPs of ``model`` in place as ``config`` says and report what was done.
 
@@ -163,6 +164,8 @@ def compress(
             the dense Grams only serve budget allocation: each layer is calibrated as it comes.
         on_step: called with each step's name ("calibration", "allocation", "factorisation",
             "healing") as it ends, for the steps that run (the command line's time left).
+        resident_healing: a model on disk is loaded whole for distillation (faster, where memory
+            allows: see :func:`distill.distill`).
 
     Returns:
         A report with every decoder layer (compressed or skipped with the reason), ranks, achieved
@@ -290,7 +293,9 @@ def compress(
 
     healing = {}
     if teacher is not None:
-        healing = _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, bos, progress)
+        healing = _heal_by_distillation(
+            model, tokenizer, config, teacher, calibration_text, bos, progress, resident_healing
+        )
         timings["healing"] = healing["seconds"]
         step_done("healing")
     del teacher  # the dense MLPs it kept
@@ -334,7 +339,9 @@ def _store(model: nn.Module, layers, index: int | None) -> None:
         weights.store(layers[index])
 
 
-def _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, bos, progress) -> dict:
+def _heal_by_distillation(
+    model, tokenizer, config, teacher, calibration_text, bos, progress, resident
+) -> dict:
     """Run :func:`distill.distill` on windows of its own (training and, per calibration source,
     validation windows disjoint from them); what the report records of it."""
     lora = config.lora
@@ -350,7 +357,7 @@ def _heal_by_distillation(model, tokenizer, config, teacher, calibration_text, b
             HEAL_VALIDATION,
             model,
         )
-    result = distill.distill(model, teacher, training, validation, lora, progress=progress)
+    result = distill.distill(model, teacher, training, validation, lora, progress=progress, resident=resident)
     return {
         "method": "lora",
         **result.to_dict(),

