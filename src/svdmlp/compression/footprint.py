@@ -41,6 +41,7 @@ class Shapes:
     vocab: int
     layer_params: int  # one decoder layer's parameters (attention, MLP, norms)
     tied: bool
+    heads: int = 1  # attention heads (a backward pass keeps each layer's attention probabilities)
 
     @classmethod
     def of_config(cls, config) -> Shapes:
@@ -57,6 +58,7 @@ class Shapes:
             vocab=text.vocab_size,
             layer_params=attention + 3 * hidden * inter + 2 * hidden,
             tied=bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))),
+            heads=heads,
         )
 
     @property
@@ -236,8 +238,11 @@ def predict(
             layer_factors = 3 * (h + i) * rank * F32
             step = layer + 3 * layer_factors + shapes.layers * (config.lora.seq_len + 1) * h * F32
             memory["healing"] = model + max(embedding + logits, step)
-        else:  # the whole model, every factor's gradient and AdamW state, the logits
+        else:  # the whole model, every factor's gradient and AdamW state, the logits, and what
+            # autograd keeps of every layer (attention probabilities, a few activations per width)
             factors = compressed * 3 * (h + i) * rank
-            memory["healing"] = BASE_BYTES + shapes.params * F32 + factors * 3 * F32 + logits
+            seq = config.lora.seq_len + 1
+            kept = shapes.layers * (shapes.heads * seq * seq + 8 * seq * (h + i)) * F32
+            memory["healing"] = BASE_BYTES + shapes.params * F32 + factors * 3 * F32 + logits + kept
         seconds["healing"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / rates.f32
     return Footprint(memory, seconds, rates)
