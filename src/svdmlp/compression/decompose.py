@@ -68,6 +68,7 @@ class Whitening:
     """
 
     lower: torch.Tensor  # L (n, n), float64, lower triangular
+    shift: float = 0.0  # δ: what was added to the Gram's diagonal (damping and ridge)
 
     @classmethod
     def from_gram(
@@ -101,13 +102,14 @@ class Whitening:
                 lower = source.to(torch.float64, copy=True)
             else:
                 lower = (source if attempt == 0 else reload().detach()).to(torch.float64).contiguous()
-            lower.diagonal().add_(shift + ridge * 100**attempt * top)
+            added = shift + ridge * 100**attempt * top
+            lower.diagonal().add_(added)
             # The row-major matrix read column-major is itself (symmetric), and the upper factor Uᵀ = L
             # computed in that view, in place, is L in row-major: no second n² buffer.
             view, info = lower.mT, torch.empty((), dtype=torch.int32, device=lower.device)
             torch.linalg.cholesky_ex(view, upper=True, out=(view, info))
             if int(info) == 0:
-                return cls(lower)
+                return cls(lower, added)
             if ridge == 0:
                 break
         raise ValueError(

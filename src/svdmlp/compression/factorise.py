@@ -64,7 +64,12 @@ def layer(
         healed = None
         if inputs is not None and name == "down":
             down_grams = _down_grams(model, spec, index, factors, inputs, gram)
-            healed = closed_form.compensating_down(weight, down_grams, rank, factors[name])
+
+            def reload(factors=factors, gram=gram):
+                return _down_grams(model, spec, index, factors, inputs, gram).compressed
+
+            healed = closed_form.compensating_down(weight, down_grams, rank, factors[name], reload)
+            del down_grams
             factors[name] = healed.factors
         records.append(
             ProjectionRecord(

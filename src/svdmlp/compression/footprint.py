@@ -220,9 +220,9 @@ def predict(
         probe = (vocab * h * F32 if on_disk else 0) + probe_tokens * vocab * F32 * 2
         memory["allocation"] = per_layer + max(_root_bytes(i), probe)
         seconds["allocation"] = compressed * (factorise + 2 * shapes.params * probe_tokens / 2 / rates.f32)
-    # A layer's peak: the root of one Gram beside its input Grams, or closed form's two Grams, its
-    # MLP inputs and the root of one of them.
-    closed_form = (2 * i * i * F64 + hidden_states + _root_bytes(i)) if config.heals_closed_form else 0
+    # A layer's peak: the root of one Gram beside its input Grams, or closed form's two Grams (one of
+    # which becomes its own root) and its MLP inputs.
+    closed_form = (2 * i * i * F64 + hidden_states) if config.heals_closed_form else 0
     # Only one-shot factorising in memory after allocation keeps every layer's input Grams (the probes').
     reused = not on_disk and not config.sequential and config.allocation == "budget"
     memory["factorisation"] = (

@@ -131,3 +131,14 @@ def test_report_records_errors_before_and_after_healing(tokenizer):
 def test_closed_form_needs_sequential():
     with pytest.raises(ValueError, match="heal 'closed-form' needs sequential calibration"):
         CompressConfig(heal="closed-form")
+
+
+def test_a_reloadable_compressed_gram_becomes_its_root_with_the_same_fit():
+    down, _, _, grams = _activations(2, 4)
+    before = decompose.plain_svd(down, 5)
+    copied = heal.compensating_down(down, replace(grams, compressed=grams.compressed.clone()), 5, before)
+    saved = grams.compressed.clone()
+    consumed = heal.compensating_down(down, grams, 5, before, reload=saved.clone)
+    assert grams.compressed is None  # its memory is the root's now
+    assert (consumed.before, consumed.after) == pytest.approx((copied.before, copied.after), rel=1e-9)
+    torch.testing.assert_close(consumed.factors.u, copied.factors.u, rtol=0, atol=0)
