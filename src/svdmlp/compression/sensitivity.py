@@ -51,18 +51,21 @@ def _reconstructed(
             arch.dense_projection(model, spec, index, name).weight.data = data
 
 
-# Rows of (tokens, vocab) log-probabilities whose KL terms are formed at once: a few MB of
-# temporaries for a 128k vocabulary, where the whole product took three more copies of the logits.
+# Rows of (tokens, vocab) log-probabilities normalised, and whose KL terms are formed, at once: a few
+# MB of temporaries for a 128k vocabulary, where the whole tensor took two or three more copies of it.
 KL_ROWS = 32
 
 
 def _log_probs(model: nn.Module, windows: torch.Tensor) -> torch.Tensor:
     """Next-token log-probabilities ``(tokens, vocab)`` of all ``windows`` in one forward pass (a model
-    on disk loads each layer once per pass), normalised in place (no second copy of the logits)."""
+    on disk loads each layer once per pass), normalised in place a few rows at a time (logsumexp's
+    temporaries are two more copies of what it reads)."""
     device = next(model.parameters()).device
     logits = model(input_ids=windows.to(device), use_cache=False).logits.float()
     logits = logits.reshape(-1, logits.shape[-1])
-    return logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
+    for rows in logits.split(KL_ROWS):
+        rows.sub_(torch.logsumexp(rows, dim=-1, keepdim=True))
+    return logits
 
 
 def _kl(dense: torch.Tensor, probed: torch.Tensor) -> float:
