@@ -4,7 +4,7 @@ Every layer is factorised from the dense model's statistics: the input Grams ``X
 ``svdmlp compress`` whitens by today) and, for the output-aware variants, the output-gradient Grams
 ``G_out`` of :mod:`svdmlp.compression.output_grams` (the true Fisher from sampled tokens, or the
 empirical one from the window's own next tokens), optionally damped towards the identity
-(``G_out + λ·mean(diag)·I``, :func:`svdmlp.compression.decompose.damped_gram`).
+(``G_out + λ·mean(diag)·I``, :meth:`svdmlp.compression.decompose.Whitening.from_gram`).
 
 Calibration is an equal mixture of Shakespeare (calibration plays), GSM8K and Python source (the
 standard library's ``json/``, ``collections/__init__.py``, ``functools.py``, ``typing.py``). λ is chosen

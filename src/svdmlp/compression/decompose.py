@@ -78,8 +78,13 @@ class Whitening:
         damping: float = 0.0,
         reload: Callable[[], torch.Tensor] | None = None,
     ) -> Whitening:
-        """The root of ``G + damping·mean(diag G)·I`` (:func:`damped_gram`) plus the ridge, made in
-        one float64 copy of ``G`` that becomes ``L`` (memory: the Gram and one n² buffer).
+        """The root of ``G + damping·mean(diag G)·I`` plus the ridge, made in one float64 copy of ``G``
+        that becomes ``L`` (memory: the Gram and one n² buffer).
+
+        The damping blends ``G`` with the identity at ``G``'s own scale: the weighting runs from ``G``
+        itself (0) to uniform (∞); for an output Gram, from pure loss-gradient weighting to plain input
+        whitening. The output Gram of a few thousand calibration tokens is noisy, and its small
+        eigenvalues are the least reliable; damping raises them all by the same amount.
 
         Args:
             reload: gives the Gram again (from its file): ``gram`` is then the caller's to lose and
@@ -135,22 +140,6 @@ class Whitening:
     def left_inverse(self, b: torch.Tensor) -> torch.Tensor:
         """``L⁻ᵀ·B`` by a triangular solve."""
         return torch.linalg.solve_triangular(self.lower.mT, b, upper=True, left=True)
-
-
-def damped_gram(gram: torch.Tensor, damping: float) -> torch.Tensor:
-    """``G + damping·mean(diag G)·I`` in float64: a blend of ``G`` with the identity at ``G``'s own scale.
-
-    The weighting it defines runs from ``G`` itself (``damping = 0``) to uniform (``damping → ∞``):
-    for an output Gram, from pure loss-gradient weighting to plain input whitening. The output Gram of
-    a few thousand calibration tokens is noisy, and its small eigenvalues are the least reliable;
-    damping raises them all by the same amount. :meth:`Whitening.from_gram` ``(G, damping=...)`` makes
-    its root without forming it.
-    """
-    if damping < 0:
-        raise ValueError(f"damping must be >= 0, got {damping}")
-    g = gram.detach().to(torch.float64, copy=True)
-    g.diagonal().add_(damping * g.diagonal().mean())
-    return g
 
 
 def _rotated(

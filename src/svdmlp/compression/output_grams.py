@@ -82,7 +82,7 @@ class OutputGrams:
             self.path.unlink(missing_ok=True)
 
     def whitening(self, projection: str, damping: float = 0.0) -> decompose.Whitening:
-        """The root of :func:`decompose.damped_gram` ``(gram(projection), damping)``."""
+        """The root of ``projection``'s Gram damped by ``damping`` (:meth:`decompose.Whitening.from_gram`)."""
         if self.path is not None:  # read for this root alone: it becomes the root
             return decompose.Whitening.from_gram(
                 self.gram(projection), damping=damping, reload=lambda: self.gram(projection)
