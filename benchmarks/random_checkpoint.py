@@ -19,30 +19,26 @@ from safetensors.torch import save_file
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from svdmlp import arch, lazy, models
+from svdmlp.plan.shapes import PAPER_MODELS
 
-SHAPES = {
-    "llama-3.2-1b": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        tie_word_embeddings=True,
-    ),
-    "llama-3.1-8b": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        tie_word_embeddings=False,
-    ),
+# What the paper models' shapes (svdmlp.plan.shapes) leave out: attention heads and weight tying,
+# from the models' Hugging Face configs.
+ATTENTION = {
+    "llama-3.2-1b": dict(num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
 }
 
 
 def write(shape: str, out: Path, seed: int = 0) -> None:
+    mlp = next(model for model in PAPER_MODELS if model.name == shape)
     config = LlamaConfig(
-        vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0, **SHAPES[shape]
+        vocab_size=128256,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        hidden_size=mlp.hidden,
+        intermediate_size=mlp.intermediate,
+        num_hidden_layers=mlp.layers,
+        **ATTENTION[shape],
     )
     with init_empty_weights():
         model = LlamaForCausalLM(config)
@@ -73,7 +69,7 @@ def write(shape: str, out: Path, seed: int = 0) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("shape", choices=SHAPES)
+    parser.add_argument("shape", choices=ATTENTION)
     parser.add_argument("out", type=Path)
     args = parser.parse_args()
     write(args.shape, args.out)
