@@ -159,3 +159,19 @@ def test_a_run_stopped_between_layers_leaves_the_previous_checkpoint(tokenizer, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.txt", "ckpt", "model"]  # no scratch left
     shard = load_file(out / before["weights"]["files"][1])
     assert "model.layers.0.mlp.down_v_t" in shard
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_big_tensor_cast_on_loading_is_read_in_blocks_of_rows_exactly(tmp_path, monkeypatch, dtype):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    stored = torch.randn(37, 5, 3, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    path = tmp_path / "t.safetensors"
+    save_file({"small": torch.ones(2), "w": stored}, path)
+    monkeypatch.setattr(lazy, "READ_BYTES", 100)  # blocks of 3 rows (30 bytes each), the last one short
+    with safe_open(path, framework="pt") as handle:
+        read = lazy._read(handle, path, "w", dtype, torch.device("cpu"))
+        small = lazy._read(handle, path, "small", torch.float32, torch.device("cpu"))
+    assert read.dtype == dtype and torch.equal(read, stored.to(dtype))
+    assert torch.equal(small, torch.ones(2))
