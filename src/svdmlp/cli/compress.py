@@ -138,7 +138,9 @@ def _check_footprint(args: argparse.Namespace, compress_config):
     resident = footprint.predict(shapes, compress_config, layers, on_disk, rates, resident_healing=True)
     healing = resident.memory.get("healing")
     resident_healing = on_disk and healing is not None and limit is not None and healing <= limit / 4
-    predicted = footprint.predict(shapes, compress_config, layers, on_disk, rates, resident_healing)
+    predicted = (
+        resident if resident_healing else footprint.predict(shapes, compress_config, layers, on_disk, rates)
+    )
     print(f"svdmlp: {predicted.line()}", file=sys.stderr, flush=True)
     step, peak = predicted.peak
     if limit is not None and peak > limit:
