@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from svdmlp.backends import torch_ref
-from svdmlp.kernels import configs, lowrank_gated_mlp
+from svdmlp.kernels import common, configs, lowrank_gated_mlp
 from svdmlp.kernels.gated_expand import _gated_expand_kernel
 from svdmlp.kernels.lowrank_linear import _lowrank_linear_kernel
 from svdmlp.kernels.matmul import _matmul_kernel
@@ -70,7 +70,7 @@ def test_batch_dims_and_non_contiguous_views(kh, schedule):
 
 
 def count_launches(monkeypatch):
-    """Count kernel launches (every `kernel[grid](...)` goes through `kernel.run`)."""
+    """Count kernel launches (every `kernel[grid](...)` goes through `kernel.run`) and library GEMMs."""
     launches = []
     for kernel in (_matmul_kernel, _gated_expand_kernel, _lowrank_linear_kernel):
         original_run = kernel.run
@@ -80,13 +80,20 @@ def count_launches(monkeypatch):
             return _run(*args, **kwargs)
 
         monkeypatch.setattr(kernel, "run", counted_run)
+    original_library = common.library_matmul
+
+    def counted_library(*args):
+        launches.append("library_matmul")
+        return original_library(*args)
+
+    monkeypatch.setattr(common, "library_matmul", counted_library)
     return launches
 
 
 @pytest.mark.parametrize(("tokens", "r_down"), [(3, 40), (40, 40), (40, 300)])
 def test_launches_per_mlp(kh, monkeypatch, tokens, r_down):
-    """Decode: 3 launches. Prefill: shrink, gated expand, then the down projection in one fused
-    launch when its rank fits on chip (else a shrink and an expand GEMM: 4)."""
+    """Decode: 3 Triton launches. Prefill: the shrink by the library, the gated expand, then the down
+    projection in one fused launch when its rank fits on chip (else two library GEMMs)."""
     generator = torch.Generator().manual_seed(tokens + r_down)
     factors = make_mlp(kh, generator, 64, 48, 24, 40, r_down, torch.float32)
     x = kh.random_input(generator, (tokens, 64), torch.float32)
@@ -101,8 +108,8 @@ def test_launches_per_mlp(kh, monkeypatch, tokens, r_down):
         )
         if interpreted:
             assert down == ("fused" if r_down <= configs.INTERPRET_FUSED_MAX_RANK else "two_stage")
-        down_launches = ["_lowrank_linear_kernel"] if down == "fused" else ["_matmul_kernel"] * 2
-        assert launches == ["_matmul_kernel", "_gated_expand_kernel", *down_launches]
+        down_launches = ["_lowrank_linear_kernel"] if down == "fused" else ["library_matmul"] * 2
+        assert launches == ["library_matmul", "_gated_expand_kernel", *down_launches]
     kh.assert_close_to_reference(y, reference(x, factors, "silu"), f"M={tokens} r_down={r_down}")
 
 

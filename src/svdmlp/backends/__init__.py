@@ -1,7 +1,8 @@
 """Backend registry: which implementation runs the low-rank modules' forward.
 
 ``torch`` (the reference, any device) is always available. ``triton`` runs the fused kernels on a
-CUDA GPU (or on CPU under ``TRITON_INTERPRET=1``, slowly, for tests). ``auto`` picks ``triton`` when
+CUDA GPU, or the unfused chain for the shapes where that measures faster (:mod:`svdmlp.backends.choice`),
+and the fused kernels on CPU under ``TRITON_INTERPRET=1`` (slowly, for tests). ``auto`` picks ``triton`` when
 the tensors live on CUDA and Triton imports, ``torch`` otherwise. Asking explicitly for an
 unavailable backend is an error that says why.
 
@@ -75,7 +76,7 @@ def get(name: str) -> Backend:
 
         return Backend("torch", torch_ref.lowrank_linear, torch_ref.lowrank_gated_mlp)
     if name == "triton":
-        from svdmlp import kernels
+        from svdmlp.backends import choice
 
-        return Backend("triton", kernels.lowrank_linear, kernels.lowrank_gated_mlp)
+        return Backend("triton", choice.lowrank_linear, choice.lowrank_gated_mlp)
     raise ValueError(f"no concrete backend named {name!r}; expected 'torch' or 'triton'")

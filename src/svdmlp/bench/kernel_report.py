@@ -70,6 +70,7 @@ def format_summary(report: dict) -> str:
         lines.append(f"keep {keep} ({s['rows']} rows):")
         lines.append(f"  fused over dense:   {_stat(s['fused_vs_dense'])}")
         lines.append(f"  unfused over dense: {_stat(s['unfused_vs_dense'])}")
+        lines.append(f"  backend (faster of the two) over dense: {_stat(s['backend_vs_dense'])}")
         if s["compiled_vs_dense"] is not None:
             lines.append(f"  compiled over dense: {_stat(s['compiled_vs_dense'])}")
         lines.append(f"  ideal (floor ratio): {_stat(s['ideal'])}")

@@ -6,20 +6,18 @@ over budget) on a CPU-only machine. Run it without TRITON_INTERPRET:
 
     python -m svdmlp.kernels.aot            # a table for Llama-like MLP shapes on an H200 (sm_90)
 
-The launches are captured from the real launchers on meta tensors (nothing is allocated or run).
+The launches are captured from the real launchers on meta tensors (:mod:`svdmlp.kernels.capture`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from unittest import mock
 
 import torch
 import triton
@@ -27,31 +25,12 @@ from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 
-from svdmlp.kernels import configs
+from svdmlp.kernels.capture import KERNELS, Launch, captured_launches, gated_mlp_launches, meta
 from svdmlp.kernels.common import is_interpreted
-from svdmlp.kernels.gated_expand import _gated_expand_kernel
-from svdmlp.kernels.gated_mlp import lowrank_gated_mlp
-from svdmlp.kernels.lowrank_linear import _lowrank_linear_kernel, lowrank_linear
-from svdmlp.kernels.matmul import _matmul_kernel
+from svdmlp.kernels.lowrank_linear import lowrank_linear
 
-KERNELS = (_matmul_kernel, _gated_expand_kernel, _lowrank_linear_kernel)
 H200 = dict(capability=90, sms=132, max_shared=227 * 1024)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
-
-
-@dataclass(frozen=True)
-class Launch:
-    kernel: object
-    args: tuple
-    constexprs: tuple[tuple[str, object], ...]
-
-    @property
-    def name(self) -> str:
-        return self.kernel.fn.__name__
-
-    def describe(self) -> str:
-        shown = (f"{k}={v}" for k, v in self.constexprs if k.startswith(("BLOCK", "RANK", "FUSE", "num_")))
-        return f"{self.name}({', '.join(shown)})"
 
 
 @dataclass(frozen=True)
@@ -60,30 +39,6 @@ class Compiled:
     registers: int
     spill_bytes: int
     shared_bytes: int
-
-
-@contextlib.contextmanager
-def captured_launches(sms: int) -> Iterator[list[Launch]]:
-    """Within this context the public ops record their kernel launches instead of running them."""
-    if any(is_interpreted(kernel) for kernel in KERNELS):
-        raise RuntimeError("compiling ahead of time needs the real kernels: unset TRITON_INTERPRET")
-    launches: list[Launch] = []
-
-    def recorder(kernel):
-        def run(*args, grid=None, warmup=False, **kwargs):
-            launches.append(Launch(kernel, args, tuple(sorted(kwargs.items()))))
-
-        return run
-
-    no_check = mock.Mock(return_value=None)
-    with contextlib.ExitStack() as stack:
-        for kernel in KERNELS:
-            stack.enter_context(mock.patch.object(kernel, "run", recorder(kernel)))
-        stack.enter_context(mock.patch.object(configs, "sm_count", lambda device: sms))
-        for module in ("svdmlp.kernels.lowrank_linear", "svdmlp.kernels.gated_mlp"):
-            stack.enter_context(mock.patch(f"{module}.check_device", no_check))
-            stack.enter_context(mock.patch(f"{module}.device_guard", lambda device: contextlib.nullcontext()))
-        yield launches
 
 
 def compile_launch(launch: Launch, capability: int) -> Compiled:
@@ -125,18 +80,13 @@ def _resource_usage(cubin: bytes) -> tuple[int, int]:
 def mlp_launches(
     hidden: int, inter: int, rank: int, tokens: int, dtype: torch.dtype, sms: int
 ) -> list[Launch]:
-    """The launches of one gated MLP (all projections at ``rank``) and one low-rank linear."""
-
-    def meta(*shape: int) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, device="meta")
-
-    with captured_launches(sms) as launches:
-        lowrank_gated_mlp(
-            meta(tokens, hidden), meta(hidden, 2 * rank), meta(rank, inter), meta(rank, inter),
-            meta(inter, rank), meta(rank, hidden), "silu",
-        )  # fmt: skip
-        lowrank_linear(meta(tokens, hidden), meta(hidden, rank), meta(rank, inter))
-    return list(launches)
+    """The Triton launches of one gated MLP (all projections at ``rank``) and one low-rank linear."""
+    launches = gated_mlp_launches(hidden, inter, (rank, rank, rank), tokens, dtype, sms)
+    with captured_launches(sms) as linear:
+        lowrank_linear(
+            meta(tokens, hidden, dtype=dtype), meta(hidden, rank, dtype=dtype), meta(rank, inter, dtype=dtype)
+        )
+    return [launch for launch in launches + linear if launch.kernel is not None]
 
 
 def check_shapes(
@@ -146,6 +96,8 @@ def check_shapes(
 ) -> list[str]:
     """Compile every distinct launch for ``shapes`` (hidden, inter, rank, tokens, dtype); return the
     problems found (a compile error, spilled registers, shared memory over the GPU's limit)."""
+    if any(is_interpreted(kernel) for kernel in KERNELS):
+        raise RuntimeError("compiling ahead of time needs the real kernels: unset TRITON_INTERPRET")
     problems, seen = [], set()
     for hidden, inter, rank, tokens, dtype in shapes:
         for launch in mlp_launches(hidden, inter, rank, tokens, dtype, gpu["sms"]):

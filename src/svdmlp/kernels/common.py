@@ -38,6 +38,14 @@ def new_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def library_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out[:] = a @ b`` by the vendor library (cuBLAS on a GPU): the engine for a plain GEMM once the
+    tokens no longer make it a weight stream (M > 16), where its tuned tiles, split-K and TMA beat
+    Triton pointer loads and fusion would buy nothing. The one place such a GEMM is issued (the launch
+    capture records it here)."""
+    return torch.mm(a, b, out=out)
+
+
 def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
     """Launch on the tensors' GPU even when it is not the current one (Triton launches on the current)."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

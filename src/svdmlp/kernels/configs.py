@@ -40,6 +40,10 @@ INTERPRET_FUSED_MAX_RANK = 256
 # below 160 KB so that the compiler's own scratch (layout conversions, the epilogue) still fits.
 SMEM_STAGE_BUDGET = 160 * 1024
 
+# Above decode and up to this many tokens the gated expand still streams its factors (M·r ≪ r·inter):
+# its tiles keep the grid full and the bytes in flight up; above it, it is compute-bound.
+SMALL_BATCH_MAX_TOKENS = 256
+
 # Decode: weight bytes each program keeps in flight (software-pipelined loads). By Little's law an H200
 # needs ~4.3 TB/s × ~1 µs ≈ 4 MB in flight, ~32 KB per SM; small tiles get there with more stages.
 DECODE_BYTES_IN_FLIGHT = 32 * 1024
@@ -68,7 +72,8 @@ class GatedExpandTiles:
     block_rd: int  # rank step of the fused down shrink (decode only)
     group_m: int = 8  # as in MatmulTiles
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 3  # of the gate/up loop(s)
+    down_stages: int = 3  # of the fused down shrink's loop, pipelined on its own
 
 
 @dataclass(frozen=True)
@@ -99,8 +104,11 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def _stages(stage_bytes: int, most: int = 4) -> int:
-    return max(2, min(most, SMEM_STAGE_BUDGET // stage_bytes))
+def streaming_stages(weight_stage_bytes: int, smem_stage_bytes: int, most: int = 12) -> int:
+    """Pipeline depth that keeps DECODE_BYTES_IN_FLIGHT of weights in flight while one stage computes
+    (``stages - 1`` loads ahead), within the shared-memory budget."""
+    wanted = 1 + -(-DECODE_BYTES_IN_FLIGHT // weight_stage_bytes)
+    return max(2, min(most, wanted, SMEM_STAGE_BUDGET // smem_stage_bytes))
 
 
 def _narrow_block(n: int, sms: int, widths: tuple[int, ...]) -> int:
@@ -127,8 +135,8 @@ def matmul_tiles(m: int, n: int, k: int, dtype: torch.dtype, sms: int, interpret
         block_k = 128 if block_n == 16 and size == 2 else 64
         weight_stage = block_k * block_n * size
         smem_stage = 16 * block_k * 4 + weight_stage  # `a` may be the fp32 down strip
-        stages = min(8, 1 + DECODE_BYTES_IN_FLIGHT // weight_stage, SMEM_STAGE_BUDGET // smem_stage)
-        return MatmulTiles(16, block_n, block_k, group_m=1, num_warps=4, num_stages=max(2, stages))
+        stages = streaming_stages(weight_stage, smem_stage)
+        return MatmulTiles(16, block_n, block_k, group_m=1, num_warps=4, num_stages=stages)
     if size == 4:
         # fp32 runs FMA dots (IEEE): smaller tiles keep the register use of two fp32 operands down.
         return MatmulTiles(pow2_clamp(m, 16, 64), pow2_clamp(n, 16, 64), 32, num_warps=4, num_stages=3)
@@ -154,17 +162,34 @@ def gated_expand_tiles(
     if decode:
         # Every program reads an (r × block_n) slice of V_g and V_u and a (block_n × r_down) slice of
         # U_down once, so the n split alone spreads all three weight streams over the SMs; wider
-        # blocks mean fewer fp32 atomics into the down strip (m · r_down per program). Down-rank
-        # steps of 32 halve the registers of 64 (sm_90 compile, bf16: 80 vs 148 at block_n 64).
+        # blocks mean fewer fp32 atomics into the down strip (m · r_down per program). The down loop's
+        # slices are small (block_n × block_rd), so it gets a pipeline of its own, deep enough for
+        # the same bytes in flight; down-rank steps of 64 at block_n 32 (32 at 64) bound the registers.
         block_n = _narrow_block(n, sms, (64, 32))
         block_r = 128 if size == 2 else 64
-        stage = (16 * block_r + 2 * block_r * block_n) * size
-        stages = min(4, SMEM_STAGE_BUDGET // stage)
-        return GatedExpandTiles(16, block_n, block_r, 32, group_m=1, num_warps=4, num_stages=stages)
+        block_rd = 32 if block_n == 64 else 64
+        weight_stage = 2 * block_r * block_n * size  # gate and up slices, one merged loop
+        stages = streaming_stages(weight_stage, weight_stage + 2 * 16 * block_r * size, most=4)
+        down_stage = block_n * block_rd * size
+        down_stages = streaming_stages(down_stage, down_stage)
+        return GatedExpandTiles(
+            16, block_n, block_r, block_rd, group_m=1, num_warps=4, num_stages=stages, down_stages=down_stages
+        )
     if size == 4:
         return GatedExpandTiles(
             pow2_clamp(m, 16, 64), pow2_clamp(n, 16, 64), 32, 32, num_warps=4, num_stages=2
         )
+    if m <= SMALL_BATCH_MAX_TOKENS:
+        # Small batches still stream V_g and V_u: token tiles of at most 64 rows and narrow column
+        # blocks so that the grid fills every SM, and enough stages for the bytes in flight that the
+        # weight stream needs. Rank steps of 64 at 8 warps (sm_90 compiles, bf16: 100-174 registers;
+        # steps of 128 at 4 warps spill at block_n 32).
+        block_m = pow2_clamp(m, 16, 64)
+        m_tiles = -(-m // block_m)
+        block_n = _narrow_block(n, -(-sms // m_tiles), (64, 32))
+        weight_stage = 2 * 64 * block_n * size
+        stages = streaming_stages(weight_stage, weight_stage + 2 * block_m * 64 * size, most=5)
+        return GatedExpandTiles(block_m, block_n, 64, 64, num_warps=8, num_stages=stages)
     # Two fp32 accumulators (gate, up): 128 × 64 each is 64 registers per thread at 8 warps.
     return GatedExpandTiles(pow2_clamp(m, 16, 128), pow2_clamp(n, 16, 64), 64, 64, num_warps=8, num_stages=3)
 

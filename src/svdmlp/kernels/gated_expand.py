@@ -48,6 +48,54 @@ def _strip_times_factor(
 
 
 @triton.jit
+def _strip_times_factors(
+    strip_ptr,
+    gate_v_ptr,
+    up_v_ptr,
+    rows,
+    cols,
+    M,
+    N,
+    R,
+    stride_sm,
+    stride_sr,
+    stride_gr,
+    stride_gn,
+    stride_ur,
+    stride_un,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """``(strip[rows, :R] @ V_g[:, cols], strip[rows, R:2R] @ V_u[:, cols])`` in one loop over their
+    common rank: one pipeline fill and drain instead of two, twice the factor bytes per stage."""
+    rs = tl.arange(0, BLOCK_R)
+    row_in = rows[:, None] < M
+    col_in = cols[None, :] < N
+    gate_strip_ptrs = strip_ptr + rows[:, None].to(tl.int64) * stride_sm + rs[None, :] * stride_sr
+    up_strip_ptrs = gate_strip_ptrs + R * stride_sr
+    gate_ptrs = gate_v_ptr + rs[:, None] * stride_gr + cols[None, :] * stride_gn
+    up_ptrs = up_v_ptr + rs[:, None] * stride_ur + cols[None, :] * stride_un
+    gate = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.float32)
+    up = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.float32)
+    for r_start in range(0, R, BLOCK_R):
+        r_left = R - r_start
+        strip_mask = row_in & (rs[None, :] < r_left)
+        factor_mask = (rs[:, None] < r_left) & col_in
+        gate_strip = tl.load(gate_strip_ptrs, mask=strip_mask, other=0.0)
+        up_strip = tl.load(up_strip_ptrs, mask=strip_mask, other=0.0)
+        gate += dot_f32(gate_strip, tl.load(gate_ptrs, mask=factor_mask, other=0.0), UPCAST_DOT, PRECISION)
+        up += dot_f32(up_strip, tl.load(up_ptrs, mask=factor_mask, other=0.0), UPCAST_DOT, PRECISION)
+        gate_strip_ptrs += BLOCK_R * stride_sr
+        up_strip_ptrs += BLOCK_R * stride_sr
+        gate_ptrs += BLOCK_R * stride_gr
+        up_ptrs += BLOCK_R * stride_ur
+    return gate, up
+
+
+@triton.jit
 def _gated_expand_kernel(
     strip_ptr,
     gate_v_ptr,
@@ -77,15 +125,18 @@ def _gated_expand_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_RD: tl.constexpr,
     GROUP_M: tl.constexpr,
+    DOWN_STAGES: tl.constexpr,
     ACTIVATION: tl.constexpr,
+    MERGED: tl.constexpr,
     FUSE_DOWN_SHRINK: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """One (BLOCK_M × BLOCK_N) tile of ``h = act(strip[:, :R_GATE]·V_g) · (strip[:, R_GATE:]·V_u)``.
 
-    Schedule: gate and up accumulate in two fp32 tiles over their own ranks and meet in the epilogue
-    (fp32), so neither ever reaches memory; ``h`` is rounded to the factor dtype (torch's
+    Schedule: gate and up accumulate in two fp32 tiles, in one loop when their ranks are equal (MERGED;
+    the rank rule gives them equal ranks) else one loop each, and meet in the epilogue (fp32), so
+    neither ever reaches memory; ``h`` is rounded to the factor dtype (torch's
     intermediate). Without FUSE_DOWN_SHRINK ``h`` is stored (prefill: the down projection is a
     separate compute-bound GEMM pair). With it (decode) the tile is multiplied at once by its
     BLOCK_N rows of U_down and added with fp32 atomics into the zeroed down strip ``t_d (M, R_DOWN)``:
@@ -97,42 +148,65 @@ def _gated_expand_kernel(
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
-    gate = _strip_times_factor(
-        strip_ptr,
-        gate_v_ptr,
-        rows,
-        cols,
-        M,
-        N,
-        R_GATE,
-        stride_sm,
-        stride_sr,
-        stride_gr,
-        stride_gn,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_R,
-        UPCAST_DOT,
-        PRECISION,
-    )
-    up = _strip_times_factor(
-        strip_ptr + R_GATE * stride_sr,
-        up_v_ptr,
-        rows,
-        cols,
-        M,
-        N,
-        R_UP,
-        stride_sm,
-        stride_sr,
-        stride_ur,
-        stride_un,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_R,
-        UPCAST_DOT,
-        PRECISION,
-    )
+    if MERGED:
+        gate, up = _strip_times_factors(
+            strip_ptr,
+            gate_v_ptr,
+            up_v_ptr,
+            rows,
+            cols,
+            M,
+            N,
+            R_GATE,
+            stride_sm,
+            stride_sr,
+            stride_gr,
+            stride_gn,
+            stride_ur,
+            stride_un,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_R,
+            UPCAST_DOT,
+            PRECISION,
+        )
+    else:
+        gate = _strip_times_factor(
+            strip_ptr,
+            gate_v_ptr,
+            rows,
+            cols,
+            M,
+            N,
+            R_GATE,
+            stride_sm,
+            stride_sr,
+            stride_gr,
+            stride_gn,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_R,
+            UPCAST_DOT,
+            PRECISION,
+        )
+        up = _strip_times_factor(
+            strip_ptr + R_GATE * stride_sr,
+            up_v_ptr,
+            rows,
+            cols,
+            M,
+            N,
+            R_UP,
+            stride_sm,
+            stride_sr,
+            stride_ur,
+            stride_un,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_R,
+            UPCAST_DOT,
+            PRECISION,
+        )
     hidden = (activate_f32(gate, ACTIVATION) * up).to(gate_v_ptr.dtype.element_ty)
 
     if FUSE_DOWN_SHRINK:
@@ -140,7 +214,9 @@ def _gated_expand_kernel(
         rds = tl.arange(0, BLOCK_RD)
         down_ptrs = down_u_ptr + cols[:, None] * stride_dn + rds[None, :] * stride_dr
         out_ptrs = down_strip_ptr + rows[:, None].to(tl.int64) * stride_tm + rds[None, :] * stride_tr
-        for rd_start in range(0, R_DOWN, BLOCK_RD):
+        # Its own pipeline depth: the U_down slices are small, so this loop needs more stages than the
+        # gate/up loop to keep as many bytes in flight.
+        for rd_start in tl.range(0, R_DOWN, BLOCK_RD, num_stages=DOWN_STAGES):
             rd_in = rds[None, :] < R_DOWN - rd_start
             down_u = tl.load(down_ptrs, mask=(cols[:, None] < N) & rd_in, other=0.0)
             partial = dot_f32(hidden, down_u, UPCAST_DOT, PRECISION)
@@ -210,7 +286,9 @@ def gated_expand(
         BLOCK_R=tiles.block_r,
         BLOCK_RD=tiles.block_rd,
         GROUP_M=tiles.group_m,
+        DOWN_STAGES=tiles.down_stages,
         ACTIVATION=activation,
+        MERGED=r_gate == r_up,
         FUSE_DOWN_SHRINK=fuse_down,
         UPCAST_DOT=interpreted,
         PRECISION=dot_precision(gate_v_t.dtype),

@@ -16,7 +16,7 @@ from svdmlp.kernels.common import (
 )
 from svdmlp.kernels.gated_expand import _gated_expand_kernel, gated_expand
 from svdmlp.kernels.lowrank_linear import lowrank_linear_into
-from svdmlp.kernels.matmul import matmul
+from svdmlp.kernels.matmul import matmul, plain_gemm
 
 SCHEDULES = ("decode", "prefill")
 
@@ -97,7 +97,7 @@ def lowrank_gated_mlp(
             gated_expand(strip, gate_v_t, up_v_t, activation, down_u_t=down_u_t, down_strip=down_strip)
             matmul(down_strip, down_v_t, out)
         else:
-            matmul(x2d, gate_up_u_t, strip)
+            plain_gemm(x2d, gate_up_u_t, strip)
             hidden = common.new_empty((m, inter), x.dtype, x.device)
             gated_expand(strip, gate_v_t, up_v_t, activation, hidden=hidden)
             lowrank_linear_into(hidden, down_u_t, down_v_t, out)

@@ -18,7 +18,7 @@ from svdmlp.kernels.common import (
     flatten_tokens,
     is_interpreted,
 )
-from svdmlp.kernels.matmul import matmul
+from svdmlp.kernels.matmul import plain_gemm
 
 SCHEDULES = ("fused", "two_stage")
 
@@ -114,8 +114,8 @@ def lowrank_linear_into(
         raise ValueError(f"lowrank_linear: unknown schedule {schedule!r}; expected one of {SCHEDULES}")
     if schedule == "two_stage":
         strip = common.new_empty((m, r), x2d.dtype, x2d.device)
-        matmul(x2d, u_t, strip)
-        matmul(strip, v_t, out)
+        plain_gemm(x2d, u_t, strip)
+        plain_gemm(strip, v_t, out)
         return
     tiles = configs.fused_linear_tiles(m, k, r, n, x2d.dtype, sms, interpreted)
     if tiles is None:

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from svdmlp.kernels import configs
+from svdmlp.kernels import common, configs
 from svdmlp.kernels.common import dot_f32, dot_precision, grouped_tile, is_interpreted
 
 
@@ -116,3 +116,11 @@ def matmul(
         num_stages=tiles.num_stages,
     )
     return out
+
+
+def plain_gemm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out[:] = a @ b`` with nothing fused into it: Triton's weight-streaming tiles at decode sizes
+    (M ≤ 16, where they spread the factor over every SM), the vendor library above."""
+    if a.shape[0] <= configs.DECODE_MAX_TOKENS:
+        return matmul(a, b, out)
+    return common.library_matmul(a, b, out)

@@ -233,7 +233,8 @@ def plan_kernel(hw: Hardware, name: str, m: int, k: int, n: int, r: int, s: int 
     )
 
 
-def _dense_mlp(hw: Hardware, m: int, h: int, i: int, s: int) -> list[Traffic]:
+def dense_mlp_parts(hw: Hardware, m: int, h: int, i: int, s: int) -> list[Traffic]:
+    """The launches of the dense MLP as the benchmarks run it (cuBLAS GEMMs, torch elementwise)."""
     return [
         gemm(hw, m, h, 2 * i, s),  # gate and up as one GEMM
         elementwise(m * i, m * i, s),  # SiLU of the gate half
@@ -242,8 +243,8 @@ def _dense_mlp(hw: Hardware, m: int, h: int, i: int, s: int) -> list[Traffic]:
     ]
 
 
-def _torch_unfused_mlp(hw: Hardware, m: int, h: int, i: int, ranks: MLPRanks, s: int) -> list[Traffic]:
-    # The launches of svdmlp.backends.torch_ref.lowrank_gated_mlp.
+def torch_unfused_mlp_parts(hw: Hardware, m: int, h: int, i: int, ranks: MLPRanks, s: int) -> list[Traffic]:
+    """The launches of :func:`svdmlp.backends.torch_ref.lowrank_gated_mlp` (the unfused low-rank chain)."""
     return [
         gemm(hw, m, h, ranks.gate + ranks.up, s),  # x · [U_gate | U_up]
         gemm(hw, m, ranks.gate, i, s),  # · V_gate
@@ -262,8 +263,8 @@ def plan_row(hw: Hardware, shape: MLPShape, ranks: MLPRanks, m: int, s: int = 2)
         plan_kernel(hw, "gate_up", m, h, i, ranks.gate + ranks.up, s),
         plan_kernel(hw, "down", m, i, h, ranks.down, s),
     )
-    dense_parts = _dense_mlp(hw, m, h, i, s)
-    unfused_parts = _torch_unfused_mlp(hw, m, h, i, ranks, s)
+    dense_parts = dense_mlp_parts(hw, m, h, i, s)
+    unfused_parts = torch_unfused_mlp_parts(hw, m, h, i, ranks, s)
     traffic = {
         "dense": sum(dense_parts, Traffic(0, 0, 0)),
         "torch_unfused": sum(unfused_parts, Traffic(0, 0, 0)),

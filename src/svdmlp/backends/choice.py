@@ -1,0 +1,95 @@
+"""The Triton backend's ops: the fused kernels, or the unfused low-rank chain where it measures faster.
+
+The launch model (``svdmlp plan --launches``) predicts where fusion wins, but only a measurement on the
+device settles it. On the first call of a (device, dtype, factor shapes, activation, token bucket) on
+CUDA outside a graph capture, both paths run a few times and the faster is kept for the process, so that
+no shape runs slower than the unfused chain (cuBLAS GEMMs). Token counts share a bucket: decode
+(M ≤ 16), then each power of two. The engine's warm-up runs before it captures a graph, so the choice
+is made by then; a first call inside a capture runs the fused path without deciding. Off CUDA (the
+interpreter in the tests) the fused path always runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from svdmlp.backends import torch_ref
+
+WARMUP, REPEATS = 2, 5
+_CHOICES: dict[tuple, str] = {}
+
+
+def bucket(tokens: int) -> int:
+    """The token bucket a call falls in: one for decode (M ≤ 16), else the power of two at or above M."""
+    from svdmlp.kernels.configs import DECODE_MAX_TOKENS  # imports triton: only on the Triton path
+
+    return DECODE_MAX_TOKENS if tokens <= DECODE_MAX_TOKENS else 1 << (tokens - 1).bit_length()
+
+
+def choices() -> dict[tuple, str]:
+    """Every choice made in this process, by key (for benchmark records)."""
+    return dict(_CHOICES)
+
+
+def _median_seconds(run: Callable[[], object]) -> float:
+    for _ in range(WARMUP):
+        run()
+    times = []
+    for _ in range(REPEATS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def choose(key: tuple, paths: dict[str, Callable[[], torch.Tensor]]) -> str:
+    """The name of the faster of ``paths`` (the first is the default), measured once per key."""
+    if key not in _CHOICES:
+        if _capturing():
+            return next(iter(paths))
+        times = {name: _median_seconds(run) for name, run in paths.items()}
+        _CHOICES[key] = min(times, key=times.get)
+    return _CHOICES[key]
+
+
+def _tokens(x: torch.Tensor) -> int:
+    return x.numel() // max(1, x.shape[-1])
+
+
+def lowrank_gated_mlp(x, gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t, activation):
+    """:func:`svdmlp.kernels.lowrank_gated_mlp`, or the unfused chain where that measured faster."""
+    from svdmlp import kernels
+
+    factors = (gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t)
+    if x.device.type != "cuda":
+        return kernels.lowrank_gated_mlp(x, *factors, activation)
+    key = ("gated_mlp", str(x.device), x.dtype, *(f.shape for f in factors), activation, bucket(_tokens(x)))
+    paths = {
+        "fused": lambda: kernels.lowrank_gated_mlp(x, *factors, activation),
+        "unfused": lambda: torch_ref.lowrank_gated_mlp(x, *factors, activation),
+    }
+    return paths[choose(key, paths)]()
+
+
+def lowrank_linear(x, u_t, v_t):
+    """:func:`svdmlp.kernels.lowrank_linear`, or the two torch GEMMs where they measured faster."""
+    from svdmlp import kernels
+
+    if x.device.type != "cuda":
+        return kernels.lowrank_linear(x, u_t, v_t)
+    key = ("linear", str(x.device), x.dtype, u_t.shape, v_t.shape, bucket(_tokens(x)))
+    paths = {
+        "fused": lambda: kernels.lowrank_linear(x, u_t, v_t),
+        "unfused": lambda: torch_ref.lowrank_linear(x, u_t, v_t),
+    }
+    return paths[choose(key, paths)]()

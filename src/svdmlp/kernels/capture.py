@@ -1,0 +1,128 @@
+"""The kernel launches the public ops make for given shapes, recorded instead of run, with the tiles the
+configs pick for a GPU of a given size: what the ahead-of-time compile (:mod:`svdmlp.kernels.aot`) builds
+and what the launch model (:mod:`svdmlp.plan.launches`) predicts the time of.
+
+The ops run on meta tensors (nothing is allocated or computed); every Triton launch and every library
+GEMM (:func:`svdmlp.kernels.common.library_matmul`) is recorded in order. Works with the real kernels and
+under the interpreter alike: the launchers are told they are compiled for the GPU either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from unittest import mock
+
+import torch
+
+from svdmlp.kernels import common, configs
+from svdmlp.kernels.gated_expand import _gated_expand_kernel
+from svdmlp.kernels.gated_mlp import lowrank_gated_mlp
+from svdmlp.kernels.lowrank_linear import _lowrank_linear_kernel
+from svdmlp.kernels.matmul import _matmul_kernel
+
+KERNELS = (_matmul_kernel, _gated_expand_kernel, _lowrank_linear_kernel)
+LIBRARY = "library_matmul"  # the name a recorded library GEMM goes by
+_LAUNCHERS = ("matmul", "gated_expand", "lowrank_linear", "gated_mlp")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One recorded launch: a Triton kernel with its grid and arguments, or a library GEMM
+    (``kernel`` None, ``args`` its operands ``(a, b, out)``)."""
+
+    kernel: object | None
+    args: tuple
+    constexprs: tuple[tuple[str, object], ...] = ()
+    grid: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return LIBRARY if self.kernel is None else self.kernel.fn.__name__
+
+    @property
+    def programs(self) -> int:
+        count = 1
+        for size in self.grid:
+            count *= size
+        return count
+
+    def arguments(self) -> dict[str, object]:
+        """Every argument by its name in the kernel's signature (constexprs and launch options too)."""
+        if self.kernel is None:
+            return dict(zip(("a", "b", "out"), self.args, strict=True))
+        return dict(zip(self.kernel.arg_names, self.args, strict=False)) | dict(self.constexprs)
+
+    def describe(self) -> str:
+        if self.kernel is None:
+            a, b, _ = self.args
+            return f"{LIBRARY}({a.shape[0]}x{a.shape[1]} @ {b.shape[0]}x{b.shape[1]})"
+        shown = (
+            f"{k}={v}"
+            for k, v in self.constexprs
+            if k.startswith(("BLOCK", "RANK", "FUSE", "MERGED", "DOWN", "num_"))
+        )
+        return f"{self.name}({', '.join(shown)})"
+
+
+@contextlib.contextmanager
+def captured_launches(sms: int) -> Iterator[list[Launch]]:
+    """Within this context the public ops record their launches, with the tiles of a GPU of ``sms``
+    SMs, instead of running them."""
+    launches: list[Launch] = []
+
+    def recorder(kernel):
+        def run(*args, grid=None, warmup=False, **kwargs):
+            launches.append(Launch(kernel, args, tuple(sorted(kwargs.items())), tuple(grid)))
+
+        return run
+
+    def library(a, b, out):
+        launches.append(Launch(None, (a, b, out)))
+        return out
+
+    with contextlib.ExitStack() as stack:
+        for kernel in KERNELS:
+            stack.enter_context(mock.patch.object(kernel, "run", recorder(kernel)))
+        stack.enter_context(mock.patch.object(configs, "sm_count", lambda device: sms))
+        stack.enter_context(mock.patch.object(common, "library_matmul", library))
+        for name in _LAUNCHERS:
+            module = f"svdmlp.kernels.{name}"
+            for attribute, value in (
+                ("is_interpreted", lambda kernel: False),
+                ("check_device", lambda *args: None),
+                ("device_guard", lambda device: contextlib.nullcontext()),
+            ):
+                with contextlib.suppress(AttributeError):
+                    stack.enter_context(mock.patch(f"{module}.{attribute}", value))
+        yield launches
+
+
+def meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def gated_mlp_launches(
+    hidden: int,
+    inter: int,
+    ranks: tuple[int, int, int],
+    tokens: int,
+    dtype: torch.dtype,
+    sms: int,
+    schedule: str | None = None,
+) -> list[Launch]:
+    """The launches of one low-rank gated MLP with (gate, up, down) ``ranks`` at ``tokens`` tokens."""
+    r_gate, r_up, r_down = ranks
+    with captured_launches(sms) as launches:
+        lowrank_gated_mlp(
+            meta(tokens, hidden, dtype=dtype),
+            meta(hidden, r_gate + r_up, dtype=dtype),
+            meta(r_gate, inter, dtype=dtype),
+            meta(r_up, inter, dtype=dtype),
+            meta(inter, r_down, dtype=dtype),
+            meta(r_down, hidden, dtype=dtype),
+            "silu",
+            schedule=schedule,
+        )
+    return list(launches)

@@ -1,0 +1,51 @@
+"""The measured choice between the fused kernels and the unfused chain (timings faked on CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from svdmlp.backends import choice
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    monkeypatch.setattr(choice, "_CHOICES", {})
+    measured = []
+
+    def fake_median(run):
+        measured.append(run)
+        return run()
+
+    monkeypatch.setattr(choice, "_median_seconds", fake_median)
+    return measured
+
+
+def test_the_faster_path_is_chosen_once_per_key(fresh):
+    paths = {"fused": lambda: 2.0, "unfused": lambda: 1.0}
+    assert choice.choose(("k",), paths) == "unfused"
+    assert choice.choose(("k",), paths) == "unfused"
+    assert len(fresh) == 2  # both measured once, then the cached choice
+    assert choice.choices() == {("k",): "unfused"}
+    assert choice.choose(("other",), {"fused": lambda: 1.0, "unfused": lambda: 3.0}) == "fused"
+
+
+def test_inside_a_graph_capture_the_default_runs_and_nothing_is_decided(fresh, monkeypatch):
+    monkeypatch.setattr(choice, "_capturing", lambda: True)
+    assert choice.choose(("k",), {"fused": lambda: 2.0, "unfused": lambda: 1.0}) == "fused"
+    assert fresh == [] and choice.choices() == {}
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [(1, 16), (16, 16), (17, 32), (128, 128), (129, 256)])
+def test_token_buckets(tokens, expected):
+    assert choice.bucket(tokens) == expected
+
+
+def test_off_cuda_the_fused_kernels_run_unmeasured(fresh, monkeypatch):
+    from svdmlp import kernels
+
+    calls = []
+    monkeypatch.setattr(kernels, "lowrank_gated_mlp", lambda *args: calls.append(args) or args[0])
+    x = torch.ones(3, 4)
+    assert choice.lowrank_gated_mlp(x, *(torch.ones(1, 1),) * 5, "silu") is x
+    assert len(calls) == 1 and fresh == []
