@@ -30,6 +30,22 @@ def test_table_and_json(capsys, tmp_path):
     assert code == 0 and "gate_up" in out and json.loads(path.read_text()) == payload
 
 
+def test_launches_table_and_record(capsys):
+    code, out, err = run(capsys, "llama-3.2-1b", "--tokens", "1,128", "--launches", "--json", "-")
+    assert code == 0
+    assert "Launch model, llama-3.2-1b" in err and "gated_expand+down" in err and "cublas" in err
+    assert "rule broken" not in err
+    (record,) = json.loads(out)["launches"]
+    assert [row["m"] for row in record["rows"]] == [1, 128] and record["rule_problems"] == []
+    decode = record["rows"][0]
+    assert len(decode["launches"]) == 3 and decode["backend_path"] in ("fused", "unfused")
+
+
+def test_the_launch_model_refuses_trainium(capsys):
+    code, _, err = run(capsys, "--hardware", "trn1", "--launches")
+    assert code == 2 and "models the Triton kernels on a GPU" in err
+
+
 def test_trainium_and_default_model(capsys):
     code, out, _ = run(capsys, "--hardware", "trn1", "--tokens", "1")
     assert code == 0 and "smollm2-135m" in out

@@ -1,4 +1,4 @@
-"""``svdmlp bench kernel|e2e``: the benchmarks (a group: each benchmark is a sub-subcommand)."""
+"""``svdmlp bench kernel|launches|e2e``: the benchmarks (a group: each benchmark is a sub-subcommand)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from svdmlp.cli import options
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    """Add ``bench`` with its benchmarks: ``kernel`` and ``e2e``."""
+    """Add ``bench`` with its benchmarks: ``kernel``, ``launches`` and ``e2e``."""
     bench = commands.add_parser(
         "bench", help="benchmarks: fused kernels, and whole-model generation, against dense baselines"
     )
     benchmarks = bench.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     _add_kernel(benchmarks)
+    _add_launches(benchmarks)
     _add_e2e(benchmarks)
 
 
@@ -75,6 +76,95 @@ def run_kernel(args: argparse.Namespace) -> options.Outcome:
     print(kernel_report.format_summary(report))
     failures = sum(keep["check_failures"] for keep in report["summary"].values())
     return options.Outcome(1 if failures else 0, {"schema": kernel_report.SCHEMA, **report})
+
+
+def _add_launches(benchmarks: argparse._SubParsersAction) -> None:
+    parser = benchmarks.add_parser(
+        "launches",
+        help="time each launch of the fused MLP beside the launch model's prediction of it",
+        description=(
+            "The first device run's diagnostic: per model and token count, one check of the fused op "
+            "against float64, then device-event timings of every launch it makes (rotating weight "
+            "copies past L2) beside svdmlp.plan.launches' prediction of that launch, and the whole "
+            "call. bf16. On a CPU a dry run under TRITON_INTERPRET=1 with wall-clock timers."
+        ),
+    )
+    parser.add_argument(
+        "--models", default="paper", help="model name, 'paper' (the six paper models) or a model directory"
+    )
+    parser.add_argument(
+        "--keep", type=float, default=0.8, help="fraction of MLP parameters kept (default 0.8)"
+    )
+    parser.add_argument(
+        "--tokens",
+        type=options.comma_list(int),
+        default=(1, 16, 128, 512, 2048),
+        help="token counts M (default 1,16,128,512,2048)",
+    )
+    parser.add_argument("--align", type=int, default=128, help="rank alignment (default 128)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per weight copy (default 20)")
+    parser.add_argument(
+        "--budget-s", type=float, default=180.0, help="skip rows not started within this many seconds"
+    )
+    parser.add_argument("--hardware", default="h200", help="the launch model's profile (default h200)")
+    parser.add_argument("--jsonl", type=Path, help="append each row to this file as soon as it is measured")
+    options.add_json(parser, "the configuration, compile seconds and every row")
+    options.add_runtime(parser, dtype=False, backend=False)
+    parser.set_defaults(run=run_launches)
+
+
+def run_launches(args: argparse.Namespace) -> options.Outcome:
+    """Run the per-launch benchmark; exit 1 when a fused output failed its check."""
+    import json
+
+    import torch
+
+    from svdmlp.backends import triton_unavailable_reason
+    from svdmlp.bench import launches
+    from svdmlp.bench.environment import describe
+    from svdmlp.plan.hardware import get_hardware
+    from svdmlp.plan.shapes import resolve_shapes
+
+    if args.repeats < 1 or args.budget_s <= 0 or args.align < 1:
+        raise ValueError("--repeats, --budget-s and --align must be positive")
+    device, _ = options.runtime(args)
+    reason = triton_unavailable_reason(device)
+    if reason is not None:
+        raise ValueError(f"bench launches runs the Triton kernels: {reason}")
+    from svdmlp import kernels
+
+    config = launches.LaunchBenchConfig(
+        device=device,
+        models=tuple(resolve_shapes(args.models)),
+        tokens=tuple(args.tokens),
+        keep=args.keep,
+        align=args.align,
+        dtype=torch.bfloat16,
+        repeats=args.repeats,
+        budget_s=args.budget_s,
+        hardware=get_hardware(args.hardware),
+    )
+    environment = describe(device)
+    print(f"bench launches on {environment['device']['name']} ({device.type})", flush=True)
+    stream = open(args.jsonl, "a") if args.jsonl else None  # noqa: SIM115 - closed below
+
+    def emit(record: dict) -> None:
+        if stream is not None:
+            stream.write(json.dumps(record) + "\n")
+            stream.flush()
+
+    try:
+        report = launches.run(
+            config, kernels.lowrank_gated_mlp, emit, log=lambda line: print(line, flush=True)
+        )
+    finally:
+        if stream is not None:
+            stream.close()
+    failures = sum(not row["check"]["ok"] for row in report["rows"])
+    if report["skipped"]:
+        skipped = ", ".join(f"{row['model']} M={row['m']}" for row in report["skipped"])
+        print(f"skipped (budget): {skipped}")
+    return options.Outcome(1 if failures else 0, {"environment": environment, **report})
 
 
 def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:

@@ -1,11 +1,16 @@
 """Schedules and block sizes, chosen from the problem's shape (no autotuning: it needs a GPU driver,
 and a heuristic keeps the first call and CUDA-graph capture free of benchmarking).
 
-Two regimes, as in design.md §4:
+Three regimes (design.md §4), each launch's grid, occupancy and bytes in flight checked by the launch
+model's rules (:mod:`svdmlp.plan.launches`, ``svdmlp plan --launches``):
 - decode (M ≤ DECODE_MAX_TOKENS): the work is streaming the factors from HBM once; the tiles are
   narrow along the weight's output dimension so that there are at least as many programs as SMs,
   and software-pipelined deeply so that each SM keeps enough bytes in flight;
-- prefill: compute-bound; the usual 128×128 tensor-core tiles, with grouped tile order for L2 reuse.
+- small batches (M ≤ SMALL_BATCH_MAX_TOKENS): the gated expand still streams V_g and V_u; its token
+  tiles shrink and its column blocks narrow until the grid fills the SMs;
+- prefill: compute-bound; the usual 128-row tensor-core tiles, with grouped tile order for L2 reuse.
+Above decode, plain GEMMs (the shrink, the two-stage down projection) go to the vendor library
+(:func:`svdmlp.kernels.common.library_matmul`): Triton stays where fusion buys something.
 
 Under the Triton interpreter a single config is used for everything: interpreter time grows with
 the number of programs times loop iterations, so the blocks are large, but not so large that the

@@ -1,5 +1,5 @@
 """The whole low-rank gated MLP ``down(act(gate(x)) · up(x))`` in three (decode) or three-to-four
-(prefill) kernel launches; see :func:`lowrank_gated_mlp` for the schedules."""
+(above decode) launches; see :func:`lowrank_gated_mlp` for the schedules."""
 
 from __future__ import annotations
 
@@ -70,10 +70,14 @@ def lowrank_gated_mlp(
       2. gated expand ``h = act(t_g·V_g)·(t_u·V_u)`` per column block of ``inter``, immediately
          shrunk by U_down and summed into the down strip with fp32 atomics (split-K over ``inter``);
       3. down expand ``y = t_d·V_down``.
-    - prefill (compute-bound), 3 or 4 launches: the same shrink, the gated expand storing ``h``
-      (M × inter, x's dtype), then the down projection as :func:`lowrank_linear` (one fused launch
-      when the down rank fits on chip and token blocks fill the GPU, else two GEMMs). Atomics into
-      an M × r_down buffer would cost M·r_down·inter/BLOCK_N operations: fine at M ≤ 16, not here.
+    - above decode, 3 or 4 launches: the shrink as a library GEMM (cuBLAS: nothing to fuse into it),
+      the gated expand storing ``h`` (M × inter, x's dtype; the activation·mul stays its epilogue),
+      then the down projection as :func:`lowrank_linear` (one fused launch when the down rank fits
+      on chip and token blocks fill the GPU, else two library GEMMs). Atomics into an M × r_down
+      buffer would cost M·r_down·inter/BLOCK_N operations: fine at M ≤ 16, not here.
+
+    The Triton backend runs this or the unfused chain, whichever measures faster for the shape
+    (:mod:`svdmlp.backends.choice`); the launch model predicts each launch (``svdmlp plan --launches``).
     """
     check_gated_mlp(x, gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t, activation)
     check_device("lowrank_gated_mlp", x, _gated_expand_kernel)

@@ -332,8 +332,13 @@ class MLPLaunches:
 
     @property
     def speedup(self) -> float:
-        """Predicted dense time over the backend's."""
+        """Predicted dense time over the fused path's."""
         return self.seconds["dense"] / self.seconds["fused"]
+
+    @property
+    def backend_path(self) -> str:
+        """What the backend's measured choice should find faster (svdmlp.backends.choice)."""
+        return "fused" if self.seconds["fused"] <= self.seconds["unfused"] else "unfused"
 
     @property
     def floor_share(self) -> float:
@@ -348,6 +353,7 @@ class MLPLaunches:
             "floor_seconds": self.floor_seconds,
             "speedup": self.speedup,
             "floor_share": self.floor_share,
+            "backend_path": self.backend_path,
         }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from svdmlp.plan.hardware import KIB, MIB, Hardware
+from svdmlp.plan.launches import MLPLaunches
 from svdmlp.plan.planner import SCHEDULES, ModelPlan
 from svdmlp.tables import format_table
 
@@ -82,3 +83,51 @@ def format_plan(plan: ModelPlan) -> str:
         f"{kernel_table(plan)}\n\nWhole MLP, one layer (dense | PyTorch unfused low-rank | planned fused):\n"
         f"{mlp_table(plan)}"
     )
+
+
+def launch_table(rows: list[MLPLaunches]) -> str:
+    """One line per launch of the Triton backend: tiles, grid, occupancy, bytes in flight, time."""
+    header = ["M", "kernel", "tiles", "programs", "waves", "res/SM", "KB in flight", "MB", "GFLOP"]
+    header += ["µs", "bound", "why under a wave"]
+    lines = []
+    for row in rows:
+        for launch in row.launches:
+            in_flight = launch.min_weight_in_flight()
+            lines.append(
+                [
+                    str(row.m),
+                    launch.kernel,
+                    launch.tiles,
+                    "-" if launch.library else str(launch.programs),
+                    "-" if launch.library else str(launch.waves),
+                    "-" if launch.library else str(launch.per_sm),
+                    "-" if in_flight is None else f"{in_flight / KIB:.0f}",
+                    _mb(launch.hbm_bytes),
+                    f"{launch.flops / 1e9:.2f}",
+                    _us(launch.seconds),
+                    launch.bound,
+                    launch.reason or "",
+                ]
+            )
+    return format_table(header, lines)
+
+
+def launch_summary_table(rows: list[MLPLaunches]) -> str:
+    """The whole MLP per token count: the backend's launches summed against the baselines and floor."""
+    header = ["M", "µs fused", "µs unfused", "µs dense", "µs floor", "% of floor", "fused/dense", "backend"]
+    lines = []
+    for row in rows:
+        s = row.seconds
+        lines.append(
+            [
+                str(row.m),
+                _us(s["fused"]),
+                _us(s["unfused"]),
+                _us(s["dense"]),
+                _us(row.floor_seconds),
+                f"{row.floor_share:.0%}",
+                f"{row.speedup:.2f}x",
+                row.backend_path,
+            ]
+        )
+    return format_table(header, lines)
