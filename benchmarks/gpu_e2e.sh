@@ -3,7 +3,8 @@
 # tests (graph replays equal eager decoding), then the e2e benchmark: a Llama-3.2-1B-shaped model
 # with random bf16 weights (plus MODEL if given), dense vs keep {0.8, 0.6}, batch {1, 16},
 # 128-token prompts, 128 new tokens, prefill tokens/s and decode ms/step against the
-# weight-streaming floor, and Hugging Face generate at batch 1 as the baseline.
+# weight-streaming floor, joules per token (NVML), and Hugging Face generate at batch 1 as the baseline;
+# PRICE=USD (per GPU-hour) adds dollars per million tokens.
 #
 #   OUT=/some/dir bash benchmarks/gpu_e2e.sh [MODEL]      # run from the repository root
 #
@@ -27,7 +28,8 @@ timeout "$TEST_TIMEOUT" "$PYTHON" -m pytest -m gpu tests/engine -q -p no:cachepr
 echo "pytest exit status: ${PIPESTATUS[0]}"
 
 echo "== bench e2e (cut at ${BENCH_TIMEOUT}s)"
-timeout "$BENCH_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${1:+"$1"} --json "$OUT/e2e.json" --plot "$OUT/e2e.png" 2>&1 \
+timeout "$BENCH_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${1:+"$1"} ${PRICE:+--price "$PRICE"} --json "$OUT/e2e.json" \
+    --plot "$OUT/e2e.png" 2>&1 \
     | tee "$OUT/e2e.txt"
 status=${PIPESTATUS[0]}
 echo "bench exit status: $status (124 = cut by the timeout)"

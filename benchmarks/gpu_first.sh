@@ -4,7 +4,8 @@
 # pre-pass that reports its seconds, one check per row against float64, each launch timed with device
 # events beside the launch model's prediction of it), then end to end at batch 1 without the Hugging
 # Face baseline. Every row is appended to $OUT/launches.jsonl as soon as it is measured, so a timeout
-# loses nothing. Then run the full sweep: benchmarks/gpu_all.sh.
+# loses nothing. Joules per token come from NVML; PRICE=USD (per GPU-hour) adds dollars per million
+# tokens. Then run the full sweep: benchmarks/gpu_all.sh.
 #
 #   OUT=/some/dir bash benchmarks/gpu_first.sh      # run from the repository root
 #
@@ -38,7 +39,8 @@ echo "== bench launches (rows started within ${LAUNCH_BUDGET}s)"
 launch_status=${PIPESTATUS[0]}
 
 echo "== bench e2e at batch 1, keep 0.8, no Hugging Face baseline (cut at ${E2E_TIMEOUT}s)"
-timeout "$E2E_TIMEOUT" "$PYTHON" -m svdmlp bench e2e "${E2E_ARGS[@]}" --keep 0.8 --no-hf --json "$OUT/e2e.json" 2>&1 \
+timeout "$E2E_TIMEOUT" "$PYTHON" -m svdmlp bench e2e "${E2E_ARGS[@]}" --keep 0.8 --no-hf ${PRICE:+--price "$PRICE"} \
+    --json "$OUT/e2e.json" 2>&1 \
     | tee "$OUT/e2e.txt"
 e2e_status=${PIPESTATUS[0]}
 

@@ -15,7 +15,19 @@ from svdmlp.cli import main
 def test_e2e_writes_table_json_and_plot(model_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out_json, out_png = tmp_path / "e2e.json", tmp_path / "e2e.png"
-    argv = ["bench", "e2e", str(model_dir), "--keep", "0.6", "--batch", "1,3", "--align", "8"]
+    argv = [
+        "bench",
+        "e2e",
+        str(model_dir),
+        "--keep",
+        "0.6",
+        "--batch",
+        "1,3",
+        "--align",
+        "8",
+        "--price",
+        "3.6",
+    ]
     argv += ["--prompt-len", "8", "--new-tokens", "4", "--repeats", "1"]
     assert main([*argv, "--json", str(out_json), "--plot", str(out_png)]) == 0
     out = capsys.readouterr().out
@@ -28,6 +40,9 @@ def test_e2e_writes_table_json_and_plot(model_dir, tmp_path, capsys, monkeypatch
     assert rows[("dense", 1)]["speedup_vs_dense"] == 1.0
     assert "hf_decode_s_per_step" in rows[("dense", 1)] and "hf_decode_s_per_step" not in rows[("dense", 3)]
     assert out_png.stat().st_size > 0
+    dense = rows[("dense", 1)]
+    assert dense["dollars_per_million_tokens"] == pytest.approx(dense["decode_s_per_step"] * 1e6 / 1e3)
+    assert dense["joules_per_token"] is None and "CUDA" in dense["energy_note"] and "$/Mtok" in out
 
 
 def test_random_lowrank_has_the_ranks_keep_gives():

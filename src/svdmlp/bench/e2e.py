@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from svdmlp import arch, lowrank, models
+from svdmlp.bench import energy
 from svdmlp.bench.kernel import CPU_CEILING_SIZES, CUDA_CEILING_SIZES
 from svdmlp.bench.timing import measure_ceilings
 from svdmlp.compression.decompose import Factors
@@ -60,6 +61,7 @@ class E2EConfig:
     align: int
     backend: str
     hf_baseline: bool
+    price_per_hour: float | None = None  # device-hour price for the cost column (--price)
 
     def __post_init__(self) -> None:
         if not self.keeps:
@@ -72,6 +74,8 @@ class E2EConfig:
         for name in ("prompt_len", "repeats", "align"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.price_per_hour is not None and self.price_per_hour <= 0:
+            raise ValueError(f"the price per device-hour must be positive, got {self.price_per_hour}")
         if self.new_tokens < 2:
             raise ValueError(
                 f"new_tokens must be >= 2 (a prefill token, then decode steps), got {self.new_tokens}"
@@ -90,6 +94,7 @@ class E2EConfig:
             "align": self.align,
             "backend": self.backend,
             "hf_baseline": self.hf_baseline,
+            "price_per_hour": self.price_per_hour,
         }
 
 
@@ -256,6 +261,17 @@ def measure_model(
                 "graph": m["graph"],
                 "note": m["note"],
             }
+            row["joules_per_token"], why = energy.joules_per_token(
+                lambda v=variant, p=prompts: v.engine.generate(p, config.new_tokens),
+                batch * config.new_tokens,
+                config.device,
+            )
+            if why is not None:
+                row["energy_note"] = why
+            if config.price_per_hour is not None:
+                row["dollars_per_million_tokens"] = energy.dollars_per_million_tokens(
+                    step_s, batch, config.price_per_hour
+                )
             if batch == 1 and variant.name in hf:
                 row["hf_decode_s_per_step"] = hf[variant.name]
                 row["engine_vs_hf"] = hf[variant.name] / step_s

@@ -17,7 +17,8 @@ def _ms(seconds: float | None) -> str:
 def format_rows(report: dict) -> str:
     """One line per (model, variant, batch): prefill, decode, floor, % of floor, speedups."""
     header = ["model", "variant", "batch", "prefill tok/s", "decode ms/step", "decode tok/s"]
-    header += ["floor ms", "% floor", "vs dense", "ideal", "HF ms/step", "engine vs HF", "graph"]
+    header += ["floor ms", "% floor", "vs dense", "ideal", "HF ms/step", "engine vs HF", "J/token", "$/Mtok"]
+    header += ["graph"]
     body = []
     for row in report["rows"]:
         body.append(
@@ -34,6 +35,10 @@ def format_rows(report: dict) -> str:
                 f"{row['ideal_speedup']:.2f}x",
                 _ms(row.get("hf_decode_s_per_step")),
                 "-" if row.get("engine_vs_hf") is None else f"{row['engine_vs_hf']:.2f}x",
+                "-" if row.get("joules_per_token") is None else f"{row['joules_per_token']:.3f}",
+                "-"
+                if row.get("dollars_per_million_tokens") is None
+                else f"{row['dollars_per_million_tokens']:.2f}",
                 "yes" if row["graph"] else "no",
             ]
         )
@@ -51,6 +56,7 @@ def format_summary(report: dict) -> str:
             f"faster than dense (ideal {row['ideal_speedup']:.2f}x), {row['pct_of_floor']:.0f}% of its floor"
         )
     notes = {row["note"] for row in report["rows"] if row["note"]}
+    notes |= {f"no energy: {row['energy_note']}" for row in report["rows"] if row.get("energy_note")}
     lines += [f"note: {note}" for note in sorted(notes)]
     return "\n".join(lines)
 

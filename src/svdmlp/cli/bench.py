@@ -210,6 +210,13 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     parser.add_argument(
+        "--price",
+        type=float,
+        default=None,
+        metavar="USD",
+        help="price of the device per hour: adds dollars per million generated tokens to each row",
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)"
     )
     options.add_json(parser, "every row, the ceilings and the environment")
@@ -247,6 +254,7 @@ def run_e2e(args: argparse.Namespace) -> options.Outcome:
         align=_default(args.align, 128 if cuda else 32),
         backend=args.backend,
         hf_baseline=not args.no_hf,
+        price_per_hour=args.price,
     )
     environment = describe(device)
     print(f"bench e2e on {environment['device']['name']} ({device.type})", flush=True)
