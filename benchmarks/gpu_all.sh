@@ -16,12 +16,12 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 SCRATCH=$(mktemp -d)
 mkdir -p "$OUT"
 
-OUT="$SCRATCH/kernel" TEST_TIMEOUT=${KERNEL_TEST_TIMEOUT:-60} BENCH_BUDGET=${KERNEL_BENCH_BUDGET:-240} \
+OUT="$SCRATCH/kernel" TEST_TIMEOUT=${KERNEL_TEST_TIMEOUT:-60} BENCH_BUDGET=${KERNEL_BENCH_BUDGET:-200} \
     bash "$HERE/gpu_kernel.sh"
 kernel_status=$?
 
-OUT="$SCRATCH/e2e" TEST_TIMEOUT=${E2E_TEST_TIMEOUT:-45} BENCH_TIMEOUT=${E2E_BENCH_TIMEOUT:-180} \
-    bash "$HERE/gpu_e2e.sh"
+OUT="$SCRATCH/e2e" TEST_TIMEOUT=${E2E_TEST_TIMEOUT:-45} BENCH_TIMEOUT=${E2E_BENCH_TIMEOUT:-150} \
+    COMPILE_TIMEOUT=${E2E_COMPILE_TIMEOUT:-80} bash "$HERE/gpu_e2e.sh"
 e2e_status=$?
 
 tar -czf "$OUT/gpu-results.tar.gz" -C "$SCRATCH" kernel e2e

@@ -8,7 +8,9 @@
 #
 #   OUT=/some/dir bash benchmarks/gpu_e2e.sh [MODEL]      # run from the repository root
 #
-# Everything lands under $OUT: env.txt, gpu_tests.txt, e2e.txt, e2e.json, e2e.png.
+# Then the same at batch 1 with each engine's decode step compiled (torch.compile before the graph
+# capture), cut at $COMPILE_TIMEOUT s (default 150).
+# Everything lands under $OUT: env.txt, gpu_tests.txt, e2e.txt, e2e.json, e2e.png, e2e-compiled.{txt,json}.
 # Sized for one 8-minute command: tests are cut at $TEST_TIMEOUT s (default 90), the benchmark at
 # $BENCH_TIMEOUT s (default 330; it takes about 2-3 minutes on an H200 without MODEL).
 # The machine has no network: nothing is downloaded; svdmlp runs from this checkout.
@@ -17,6 +19,7 @@ set -uo pipefail
 OUT=${OUT:-bench-out}
 TEST_TIMEOUT=${TEST_TIMEOUT:-90}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-330}
+COMPILE_TIMEOUT=${COMPILE_TIMEOUT:-150}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -33,4 +36,9 @@ timeout "$BENCH_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${1:+"$1"} ${PRICE:+--pri
     | tee "$OUT/e2e.txt"
 status=${PIPESTATUS[0]}
 echo "bench exit status: $status (124 = cut by the timeout)"
+
+echo "== bench e2e with the decode step compiled, batch 1, no HF baseline (cut at ${COMPILE_TIMEOUT}s)"
+timeout "$COMPILE_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${1:+"$1"} --batch 1 --no-hf --compile \
+    --json "$OUT/e2e-compiled.json" 2>&1 | tee "$OUT/e2e-compiled.txt"
+echo "compiled bench exit status: ${PIPESTATUS[0]} (124 = cut by the timeout)"
 exit "$status"

@@ -15,7 +15,6 @@ import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -68,9 +67,21 @@ def resolve(name: str, device: torch.device | str) -> str:
     return name
 
 
-@cache
+_LOADED: dict[str, Backend] = {}
+
+
 def get(name: str) -> Backend:
-    """The implementation of a concrete backend (``torch`` or ``triton``)."""
+    """The implementation of a concrete backend (``torch`` or ``triton``), loaded once.
+
+    A plain dict rather than ``functools.cache``: the modules' forward calls this, and torch.compile
+    traces a dict lookup silently but warns at every cached function it meets.
+    """
+    if name not in _LOADED:
+        _LOADED[name] = _load(name)
+    return _LOADED[name]
+
+
+def _load(name: str) -> Backend:
     if name == "torch":
         from svdmlp.backends import torch_ref
 

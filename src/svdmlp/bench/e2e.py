@@ -62,6 +62,7 @@ class E2EConfig:
     backend: str
     hf_baseline: bool
     price_per_hour: float | None = None  # device-hour price for the cost column (--price)
+    compile: bool = False  # torch.compile each engine's decode step (--compile)
 
     def __post_init__(self) -> None:
         if not self.keeps:
@@ -95,6 +96,7 @@ class E2EConfig:
             "backend": self.backend,
             "hf_baseline": self.hf_baseline,
             "price_per_hour": self.price_per_hour,
+            "compile": self.compile,
         }
 
 
@@ -183,6 +185,7 @@ def measure_batch(variants: list[Variant], batch: int, config: E2EConfig, prompt
             "prefill_s": statistics.median(r.prefill_s for r in runs),
             "decode_s_per_step": statistics.median(r.decode_s_per_step for r in runs),
             "graph": runs[0].graph,
+            "compiled": runs[0].compiled,
             "note": runs[0].note,
         }
         for name, runs in results.items()
@@ -219,6 +222,7 @@ def build_variants(name: str | None, config: E2EConfig, log: Callable[[str], Non
             max_batch=max(config.batches),
             max_seq_len=config.prompt_len + config.new_tokens,
             sync_every=config.new_tokens,  # no host sync inside the timed decode
+            compile=config.compile,
         )
         variants.append(Variant(variant, model, keep, ranks, engine))
     return variants
@@ -259,6 +263,7 @@ def measure_model(
                 "speedup_vs_dense": dense_s / step_s,
                 "ideal_speedup": dense_bytes / weight_bytes,
                 "graph": m["graph"],
+                "compiled": m["compiled"],
                 "note": m["note"],
             }
             row["joules_per_token"], why = energy.joules_per_token(

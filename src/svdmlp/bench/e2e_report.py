@@ -39,7 +39,7 @@ def format_rows(report: dict) -> str:
                 "-"
                 if row.get("dollars_per_million_tokens") is None
                 else f"{row['dollars_per_million_tokens']:.2f}",
-                "yes" if row["graph"] else "no",
+                ("yes" if row["graph"] else "no") + (", compiled" if row.get("compiled") else ""),
             ]
         )
     return format_table(header, body)

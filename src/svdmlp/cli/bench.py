@@ -217,6 +217,11 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
         help="price of the device per hour: adds dollars per million generated tokens to each row",
     )
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile every engine's decode step (full graph, static shapes) before it is captured",
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)"
     )
     options.add_json(parser, "every row, the ceilings and the environment")
@@ -255,6 +260,7 @@ def run_e2e(args: argparse.Namespace) -> options.Outcome:
         backend=args.backend,
         hf_baseline=not args.no_hf,
         price_per_hour=args.price,
+        compile=args.compile,
     )
     environment = describe(device)
     print(f"bench e2e on {environment['device']['name']} ({device.type})", flush=True)
