@@ -140,6 +140,26 @@ def test_budget_allocation_meets_the_budget_from_measured_divergences(tokenizer,
     assert uniform.allocation == {} and "allocation" not in uniform.timings
 
 
+def test_the_allocation_leaves_a_layer_dense_rather_than_factorise_it_past_break_even(tokenizer, tmp_path):
+    """hidden 64, inter 96: factors stop saving parameters above rank 38 (32 at align 8). At keep 0.95
+    both layers reach 32 and the budget then buys one of them its dense matrices back."""
+    from svdmlp import checkpoint, lowrank
+
+    model = tiny_model("llama")
+    config = CompressConfig(keep=0.95, align=8, calibration=CALIB, allocation="budget")
+    report = pipeline.compress(model, tokenizer, config, calibration_text=SAMPLE_TEXT, progress=False)
+    dense = [layer for layer in report.layers if layer.status != "compressed"]
+    assert len(dense) == 1 and dense[0].reason.startswith("left dense by the allocation")
+    compressed = next(layer for layer in report.layers if layer.status == "compressed")
+    assert set(compressed.ranks.values()) == {32}
+    assert {c["index"]: c["rank"] for c in report.allocation["layers"]}[dense[0].index] is None
+    assert isinstance(_mlps(model)[dense[0].index].gate_proj, torch.nn.Linear)
+    assert report.params_after["mlp"] <= 0.95 * report.params_before["mlp"]
+    checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
+    loaded, _ = checkpoint.load(tmp_path / "ckpt")
+    assert len(lowrank.lowrank_modules(loaded)) == len(lowrank.lowrank_modules(model)) > 0
+
+
 def test_calibration_mixture_draws_each_text_by_weight(tokenizer, tmp_path):
     first, second = tmp_path / "a.txt", tmp_path / "b.txt"
     first.write_text(SAMPLE_TEXT, encoding="utf-8")

@@ -115,7 +115,7 @@ LAYERS = [_layer(0, 1.0, 0.30), _layer(1, 3.0, 0.02), _layer(2, 0.5, 0.05), _lay
 
 
 def _params(layers, allocation):
-    return sum(allocation[layer.index] * sum(s.block_params for s in layer.spectra) for layer in layers)
+    return sum(layer.params(allocation[layer.index]) for layer in layers)
 
 
 def _predicted(layers, allocation):
@@ -128,13 +128,29 @@ def test_allocation_meets_the_budget_within_one_block_and_respects_alignment(kee
     allocated = ranks.allocate_layer_ranks(LAYERS, keep, align)
     used = _params(LAYERS, allocated)
     assert used <= ranks.budget(LAYERS, keep)
-    assert ranks.budget(LAYERS, keep) - used < min(layer.block_cost(align) for layer in LAYERS) or all(
-        allocated[layer.index] == layer.max_rank(align) for layer in LAYERS
+    assert ranks.budget(LAYERS, keep) - used < min(layer.params(align) for layer in LAYERS) or all(
+        allocated[layer.index] is None for layer in LAYERS
     )
     for layer in LAYERS:
-        assert allocated[layer.index] % align == 0 and align <= allocated[layer.index] <= layer.max_rank(
-            align
-        )
+        rank = allocated[layer.index]
+        assert rank is None or rank % align == 0 and align <= rank <= layer.max_rank(align)
+
+
+def test_no_rank_stores_more_than_the_dense_matrix_and_a_full_budget_leaves_layers_dense():
+    for layer in LAYERS:
+        for spectrum in layer.spectra:
+            rank = spectrum.max_rank(8)
+            assert rank * spectrum.block_params < spectrum.dense_params
+            assert (rank + 8) * spectrum.block_params >= spectrum.dense_params
+    assert set(ranks.allocate_layer_ranks(LAYERS, 1.0, 8).values()) == {None}
+
+
+def test_a_layer_near_its_break_even_rank_is_left_dense_when_the_budget_allows():
+    """The most sensitive layer reaches its largest saving rank, then goes dense: exact and cheaper
+    than the rank past the break-even that it would otherwise want."""
+    allocated = ranks.allocate_layer_ranks(LAYERS, 0.8, 4)
+    assert allocated[0] is None
+    assert LAYERS[0].predicted_kl(None) == 0.0 and LAYERS[0].params(None) == 3 * 64 * 96
 
 
 def test_the_prediction_passes_through_the_measurement_and_falls_with_rank():
@@ -166,7 +182,7 @@ def test_greedy_is_optimal_on_small_cases_by_exhaustive_search():
     small.append(_layer(2, 2.0, 0.1, hidden=16, inter=24))
     align, keep = 4, 0.6
     limit = ranks.budget(small, keep)
-    options = [range(align, layer.max_rank(align) + 1, align) for layer in small]
+    options = [[*range(align, layer.max_rank(align) + 1, align), None] for layer in small]
     best = min(
         _predicted(small, dict(enumerate(combo)))
         for combo in itertools.product(*options)

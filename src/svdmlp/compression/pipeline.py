@@ -84,6 +84,10 @@ def _check_loaded_weights(model: nn.Module, spec: arch.ArchSpec, index: int, con
     return reason
 
 
+# Why the allocation can leave a layer dense: see ranks.allocate_layer_ranks.
+LEFT_DENSE = "exact, and cheaper than a rank past the one where factors stop saving parameters"
+
+
 def _layers_to_compress(model: nn.Module, spec: arch.ArchSpec, config: CompressConfig):
     """(selected layer indices, skip reason per selected index, indices to compress)."""
     selected = _check_layers(config, len(arch.decoder_layers(model, spec)))
@@ -235,6 +239,12 @@ def compress(
         planned, allocation = sensitivity.allocate(
             model, spec, planned, dense, probes, config.keep, config.align, progress
         )
+        for index in [i for i in to_compress if i not in planned]:
+            skip[index] = f"left dense by the allocation: {LEFT_DENSE}"
+            grams.pop(index, None)
+            if collected_here:
+                _discard(outputs.get(index))
+        to_compress = [i for i in to_compress if i in planned]
         timings["allocation"] = allocation["seconds"]
         step_done("allocation")
 

@@ -101,9 +101,14 @@ class Spectrum:
         """Parameters one rank adds: a column of V and a row of U."""
         return self.in_features + self.out_features
 
+    @property
+    def dense_params(self) -> int:
+        return self.in_features * self.out_features
+
     def max_rank(self, align: int) -> int:
-        """The largest aligned rank below full rank (full rank never saves parameters)."""
-        return (min(self.in_features, self.out_features) - 1) // align * align
+        """The largest aligned rank whose factors store fewer parameters than the dense matrix,
+        ``r·(in + out) < in·out``: a higher rank is bigger than the matrix and still inexact."""
+        return (self.dense_params - 1) // self.block_params // align * align
 
     def relative_error(self, rank: int) -> float:
         """Relative activation-weighted error ``sqrt(Σ_{i≥r} σ_i² / Σ σ_i²)`` at ``rank``."""
@@ -128,13 +133,18 @@ class LayerSensitivity:
     def error(self, rank: int) -> float:
         return sum(s.relative_error(rank) ** 2 for s in self.spectra)
 
-    def predicted_kl(self, rank: int) -> float:
+    def predicted_kl(self, rank: int | None) -> float:
+        """At ``rank``, or 0 for the layer left dense (``None``)."""
         reference = self.error(self.reference_rank)
-        return self.kl * self.error(rank) / reference if reference > 0 else 0.0
+        if rank is None or reference <= 0:
+            return 0.0
+        return self.kl * self.error(rank) / reference
 
-    def block_cost(self, align: int) -> int:
-        """Parameters one step of ``align`` ranks adds to the whole layer."""
-        return align * sum(s.block_params for s in self.spectra)
+    def params(self, rank: int | None) -> int:
+        """Parameters of the layer's matrices at ``rank``, or dense (``None``)."""
+        if rank is None:
+            return sum(s.dense_params for s in self.spectra)
+        return rank * sum(s.block_params for s in self.spectra)
 
     def max_rank(self, align: int) -> int:
         return min(s.max_rank(align) for s in self.spectra)
@@ -145,15 +155,18 @@ def budget(layers: list[LayerSensitivity], keep: float) -> int:
     return round(keep * sum(s.in_features * s.out_features for layer in layers for s in layer.spectra))
 
 
-def allocate_layer_ranks(layers: list[LayerSensitivity], keep: float, align: int) -> dict[int, int]:
-    """One rank per layer minimising the summed predicted divergence within the budget of ``keep``.
+def allocate_layer_ranks(layers: list[LayerSensitivity], keep: float, align: int) -> dict[int, int | None]:
+    """One rank per layer (None: left dense) minimising the summed predicted divergence within the
+    budget of ``keep``.
 
-    Every layer starts at one block of ``align``; blocks then go, one at a time, to the layer whose
-    next block removes the most predicted divergence per parameter, while the budget allows. The
-    predicted divergence is convex in the rank (σ descending), so with equal block costs (the layers
-    of one model share their MLP shape) this greedy choice is optimal; with unequal costs it can miss
-    the optimum only by how the last blocks pack. The parameters left over are fewer than the
-    cheapest block that did not fit.
+    Every layer starts at one block of ``align``; steps then go, one at a time, to the layer whose
+    next step removes the most predicted divergence per parameter, while the budget allows. A step is
+    one more block, up to the largest rank that is still smaller than the dense matrices; past it, the
+    last step leaves the layer dense (exact, and cheaper than one more block). The predicted
+    divergence is convex in the rank (σ descending), so with equal block costs (the layers of one
+    model share their MLP shape) the greedy choice among blocks is optimal; the dense step and unequal
+    costs can make it miss the optimum by how the last steps pack. The parameters left over are fewer
+    than the cheapest step that did not fit.
 
     Raises:
         ValueError: no layers, keep outside (0, 1], align < 1, or a budget below one block per layer.
@@ -166,27 +179,35 @@ def allocate_layer_ranks(layers: list[LayerSensitivity], keep: float, align: int
     for layer in layers:
         if layer.max_rank(align) < align:
             raise ValueError(
-                f"align {align} leaves no room for a rank below full rank in layer {layer.index}"
+                f"align {align} leaves no room for a rank that saves parameters in layer {layer.index}"
             )
-    ranks = {layer.index: align for layer in layers}
-    left = budget(layers, keep) - sum(layer.block_cost(align) for layer in layers)
+    ranks: dict[int, int | None] = {layer.index: align for layer in layers}
+    left = budget(layers, keep) - sum(layer.params(align) for layer in layers)
     if left < 0:
         raise ValueError(
             f"keep {keep} is below one block of {align} ranks per matrix; lower align or raise keep"
         )
 
-    def gain(layer: LayerSensitivity, rank: int) -> float:  # predicted divergence removed per parameter
-        return (layer.predicted_kl(rank) - layer.predicted_kl(rank + align)) / layer.block_cost(align)
+    def step(layer: LayerSensitivity) -> tuple[int | None, int, float] | None:
+        """(rank after the layer's next step, its parameters, divergence removed per parameter)."""
+        rank = ranks[layer.index]
+        if rank is None:
+            return None
+        after = rank + align if rank < layer.max_rank(align) else None
+        cost = layer.params(after) - layer.params(rank)
+        return after, cost, (layer.predicted_kl(rank) - layer.predicted_kl(after)) / cost
 
-    heap = [(-gain(layer, align), n) for n, layer in enumerate(layers) if layer.max_rank(align) > align]
+    heap = [(-step(layer)[2], n) for n, layer in enumerate(layers)]
     heapq.heapify(heap)
     while heap:
         _, n = heapq.heappop(heap)
         layer = layers[n]
-        if layer.block_cost(align) > left:
-            continue  # this layer's next block no longer fits; cheaper ones may
-        ranks[layer.index] += align
-        left -= layer.block_cost(align)
-        if ranks[layer.index] < layer.max_rank(align):
-            heapq.heappush(heap, (-gain(layer, ranks[layer.index]), n))
+        after, cost, _ = step(layer)
+        if cost > left:
+            continue  # this layer's next step no longer fits; cheaper ones may
+        ranks[layer.index] = after
+        left -= cost
+        following = step(layer)
+        if following is not None:
+            heapq.heappush(heap, (-following[2], n))
     return ranks

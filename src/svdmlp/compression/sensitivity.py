@@ -150,8 +150,9 @@ def allocate(
         windows: the tokens the probes score.
 
     Returns:
-        The ranks of every projection of each layer, and what the report records of the probes and
-        the choice.
+        The ranks of every projection of each layer to factorise (a layer the allocation leaves
+        dense is absent; its rank is None in the record), and what the report records of the probes
+        and the choice.
     """
     started = time.perf_counter()
     probe = Probe(model, spec, windows)
@@ -194,4 +195,9 @@ def allocate(
             for layer in layers
         ],
     }
-    return {index: dict.fromkeys(planned, allocated[index]) for index, planned in reference.items()}, info
+    chosen = {
+        index: dict.fromkeys(planned, allocated[index])
+        for index, planned in reference.items()
+        if allocated[index] is not None
+    }
+    return chosen, info
