@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot GPU check for a short H200 lease: versions, the GPU-only kernel tests, then the kernel
+# One-shot GPU check for a short H200 lease: versions, the GPU-only kernel tests and the fuzz, then the kernel
 # benchmark (the six paper models' MLPs x M in {1..8192} x keep {0.8, 0.6}, bf16, align 128).
 #
 #   OUT=/some/dir bash benchmarks/gpu_kernel.sh      # run from the repository root
@@ -19,8 +19,8 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 source "$(dirname "$0")/gpu_env.sh"
 
-echo "== GPU tests: pytest -m gpu tests/kernels (cut at ${TEST_TIMEOUT}s)"
-timeout "$TEST_TIMEOUT" "$PYTHON" -m pytest -m gpu tests/kernels -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -n 30
+echo "== GPU tests and the fuzz, natively: pytest -m 'gpu or fuzz' tests/kernels (cut at ${TEST_TIMEOUT}s)"
+timeout "$TEST_TIMEOUT" "$PYTHON" -m pytest -m "gpu or fuzz" tests/kernels -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -n 30
 echo "pytest exit status: ${PIPESTATUS[0]}"
 
 echo "== bench kernel (row budget ${BENCH_BUDGET}s)"
