@@ -25,20 +25,26 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 source "$(dirname "$0")/gpu_env.sh"
+MODEL=${1:-}
+RUN_ARGS=()
+if [ "$DRY" = 1 ]; then
+    MODEL=${E2E_MODEL:-$MODEL}
+    RUN_ARGS=(--keep 0.8 --batch 1 --prompt-len 8 --new-tokens 2 --repeats 1 --device cpu)
+fi
 
 echo "== GPU tests: pytest -m gpu tests/engine (cut at ${TEST_TIMEOUT}s)"
 timeout "$TEST_TIMEOUT" "$PYTHON" -m pytest -m gpu tests/engine -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.txt" | tail -n 30
 echo "pytest exit status: ${PIPESTATUS[0]}"
 
 echo "== bench e2e (cut at ${BENCH_TIMEOUT}s)"
-timeout "$BENCH_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${1:+"$1"} ${PRICE:+--price "$PRICE"} --json "$OUT/e2e.json" \
+timeout "$BENCH_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${MODEL:+"$MODEL"} "${RUN_ARGS[@]}" ${PRICE:+--price "$PRICE"} --json "$OUT/e2e.json" \
     --plot "$OUT/e2e.png" 2>&1 \
     | tee "$OUT/e2e.txt"
 status=${PIPESTATUS[0]}
 echo "bench exit status: $status (124 = cut by the timeout)"
 
 echo "== bench e2e with the decode step compiled, batch 1, no HF baseline (cut at ${COMPILE_TIMEOUT}s)"
-timeout "$COMPILE_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${1:+"$1"} --batch 1 --no-hf --compile \
+timeout "$COMPILE_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${MODEL:+"$MODEL"} "${RUN_ARGS[@]}" --batch 1 --no-hf --compile \
     --json "$OUT/e2e-compiled.json" 2>&1 | tee "$OUT/e2e-compiled.txt"
 echo "compiled bench exit status: ${PIPESTATUS[0]} (124 = cut by the timeout)"
 exit "$status"

@@ -20,17 +20,15 @@ E2E_TIMEOUT=${E2E_TIMEOUT:-100}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-if [ "${DRY_RUN:-0}" = 1 ]; then
-    export TRITON_INTERPRET=1
+source "$(dirname "$0")/gpu_env.sh"
+if [ "$DRY" = 1 ]; then
     TINY=$(mktemp -d)
     echo '{"hidden_size": 96, "intermediate_size": 200, "num_hidden_layers": 1, "model_type": "llama"}' > "$TINY/config.json"
     LAUNCH_ARGS=(--models "$TINY" --tokens 1,40 --align 16 --repeats 1 --device cpu)
     E2E_ARGS=(${E2E_MODEL:+"$E2E_MODEL"} --batch 1 --prompt-len 8 --new-tokens 2 --repeats 1 --device cpu)
-    echo "dry run on the CPU" > "$OUT/env.txt"
 else
     LAUNCH_ARGS=(--tokens 1,16,128,512,2048)
     E2E_ARGS=(--batch 1)
-    source "$(dirname "$0")/gpu_env.sh"
 fi
 
 echo "== bench launches (rows started within ${LAUNCH_BUDGET}s)"
