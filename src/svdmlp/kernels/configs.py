@@ -45,6 +45,10 @@ INTERPRET_FUSED_MAX_RANK = 256
 # below 160 KB so that the compiler's own scratch (layout conversions, the epilogue) still fits.
 SMEM_STAGE_BUDGET = 160 * 1024
 
+# The fused linear runs when its programs fill this share of the SMs: a single wave on most SMs beats
+# many waves of smaller GEMM tiles plus a strip round trip.
+FUSED_MIN_WAVE_SHARE = 0.9
+
 # Above decode and up to this many tokens the gated expand still streams its factors (M·r ≪ r·inter):
 # its tiles keep the grid full and the bytes in flight up; above it, it is compute-bound.
 SMALL_BATCH_MAX_TOKENS = 256
@@ -238,7 +242,6 @@ def linear_schedule(m: int, k: int, r: int, n: int, dtype: torch.dtype, sms: int
     tiles = fused_linear_tiles(m, k, r, n, dtype, sms, interpreted)
     if tiles is None:
         return "two_stage"
-    # 90%: a single wave on most SMs beats many waves of smaller GEMM tiles plus a strip round trip.
-    if interpreted or 10 * triton.cdiv(m, tiles.block_m) * tiles.n_splits >= 9 * sms:
+    if interpreted or triton.cdiv(m, tiles.block_m) * tiles.n_splits >= FUSED_MIN_WAVE_SHARE * sms:
         return "fused"
     return "two_stage"

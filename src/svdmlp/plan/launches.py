@@ -47,8 +47,6 @@ TRITON_MMA_EFFICIENCY = 0.7
 # The narrowest tile of a tensor-core dot: a launch with fewer than one wave of programs is fine only
 # when even tiles this small could not fill the SMs.
 NARROWEST_TILE = 16
-# The fused linear runs only when its token blocks fill this share of the SMs (configs.linear_schedule).
-FUSED_WAVE_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -255,7 +253,9 @@ def _lowrank_linear(hw: Hardware, launch, a: dict) -> LaunchPrediction:
     m, k, r, n = a["M"], a["K"], a["R"], a["N"]
     bm, bk, rp, bn, stages = a["BLOCK_M"], a["BLOCK_K"], a["RANK_PAD"], a["BLOCK_N"], a["num_stages"]
     s = a["x_ptr"].dtype.itemsize
-    m_tiles, splits = launch.grid
+    from svdmlp.kernels.configs import FUSED_MIN_WAVE_SHARE  # imports triton: only when predicting
+
+    _, splits = launch.grid
     where = occupancy(hw, launch.programs, stages * (bk * rp * s + bm * bk * s), a["num_warps"])
     waves = where.waves
     shrink_hbm = reads(k * r * s, k * r * s, waves, hw.cache_bytes)
@@ -268,10 +268,9 @@ def _lowrank_linear(hw: Hardware, launch, a: dict) -> LaunchPrediction:
     tiles_per_split = ceil_div(ceil_div(n, bn), splits)
     flops = 2 * bm * ceil_div(k, bk) * bk * rp + 2 * bm * rp * bn * tiles_per_split
     reason = None
-    if launch.programs < hw.units and launch.programs >= FUSED_WAVE_SHARE * hw.units:
-        reason = (
-            f"fused strip: {launch.programs} token blocks x splits, over {FUSED_WAVE_SHARE:.0%} of the SMs"
-        )
+    if FUSED_MIN_WAVE_SHARE * hw.units <= launch.programs < hw.units:
+        share = f"{FUSED_MIN_WAVE_SHARE:.0%}"
+        reason = f"fused strip: {launch.programs} token blocks x splits, over {share} of the SMs"
     tiles = f"{bm}x{bn}x{bk}, rank {rp}, {splits} splits/{stages}"
     return _finish(hw, "lowrank_linear", tiles, where, loops, m * n * s, flops, 0, reason)
 
