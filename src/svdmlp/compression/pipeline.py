@@ -84,8 +84,8 @@ def _check_loaded_weights(model: nn.Module, spec: arch.ArchSpec, index: int, con
     return reason
 
 
-# Why the allocation can leave a layer dense: see ranks.allocate_layer_ranks.
-LEFT_DENSE = "exact, and cheaper than a rank past the one where factors stop saving parameters"
+# A layer the allocation found worth its full rank (see ranks.allocate_layer_ranks): left dense.
+LEFT_DENSE = "left dense by the allocation"
 
 
 def _layers_to_compress(model: nn.Module, spec: arch.ArchSpec, config: CompressConfig):
@@ -240,7 +240,7 @@ def compress(
             model, spec, planned, dense, probes, config.keep, config.align, progress
         )
         for index in [i for i in to_compress if i not in planned]:
-            skip[index] = f"left dense by the allocation: {LEFT_DENSE}"
+            skip[index] = LEFT_DENSE
             grams.pop(index, None)
             if collected_here:
                 _discard(outputs.get(index))
