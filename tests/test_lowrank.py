@@ -49,3 +49,15 @@ def test_set_backend_reaches_every_lowrank_module():
     )
     assert set_backend(model, "auto") == "torch"
     assert {m.backend for m in model} == {"torch"}
+
+
+def test_compressed_layers_are_the_decoder_layers_holding_low_rank_modules(tokenizer):
+    from conftest import SAMPLE_TEXT
+    from svdmlp.compression import pipeline
+    from svdmlp.config import CalibrationSpec, CompressConfig
+    from svdmlp.lowrank import compressed_layers
+
+    model = tiny_model("llama")
+    config = CompressConfig(keep=0.5, align=8, layers=(1,), calibration=CalibrationSpec("text", 2, 16))
+    pipeline.compress(model, tokenizer, config, calibration_text=SAMPLE_TEXT, progress=False)
+    assert compressed_layers(model) == [arch.decoder_layers(model, arch.of_model(model))[1]]

@@ -101,6 +101,11 @@ def lowrank_modules(model: nn.Module) -> list[LowRankLinear | LowRankGatedMLP]:
     return [m for m in model.modules() if isinstance(m, (LowRankLinear, LowRankGatedMLP))]
 
 
+def compressed_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers of ``model`` that hold low-rank modules, in order."""
+    return [layer for layer in arch.decoder_layers(model, arch.of_model(model)) if lowrank_modules(layer)]
+
+
 def set_backend(model: nn.Module, name: str = "auto") -> str:
     """Point every low-rank module of ``model`` at a backend; returns the concrete backend chosen."""
     device = next(model.parameters()).device

@@ -196,9 +196,8 @@ def distill(
         return _distill(model, teacher, windows, validation, spec, progress, weights, started)
     with weights.held(*weights.units):
         result = _distill(model, teacher, windows, validation, spec, progress, None, started)
-        for layer in arch.decoder_layers(model, arch.of_model(model)):
-            if lowrank.lowrank_modules(layer):
-                weights.store(layer)  # trained (or put back) in memory: written before the hold ends
+        for layer in lowrank.compressed_layers(model):
+            weights.store(layer)  # trained (or put back) in memory: written before the hold ends
     return result
 
 
@@ -298,7 +297,7 @@ class _OnDisk:
         self.model, self.weights = model, weights
         self.spec = arch.of_model(model)
         self.layers = arch.decoder_layers(model, self.spec)
-        self.trained = [layer for layer in self.layers if lowrank.lowrank_modules(layer)]
+        self.trained = lowrank.compressed_layers(model)
         if weights.dtype != torch.float32:
             raise ValueError(
                 "distillation of a model on disk trains its stored layers in place, in float32: "
