@@ -20,13 +20,14 @@ from svdmlp.evaluate.suite import ratios_to_dense
 from svdmlp.tables import markdown_table
 
 
-def _row(path: str) -> dict:
+def _row(path: str, first: bool = False) -> dict:
+    """A sweep point, or one row of an ``svdmlp eval --json`` file: its first (the dense baseline) or last."""
     data = json.loads(Path(path).read_text())
-    return data["rows"][-1] if "rows" in data else data
+    return data["rows"][0 if first else -1] if "rows" in data else data
 
 
 def main(dense_path: str, results: list[str]) -> str:
-    dense = _row(dense_path)["perplexity"]
+    dense = _row(dense_path, first=True)["perplexity"]
     names = [n for n in HELDOUT_SOURCES if n in dense] + [n for n in dense if n not in HELDOUT_SOURCES]
     headers = [
         "recipe",
