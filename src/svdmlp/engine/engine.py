@@ -273,6 +273,7 @@ class Engine:
         entry = (step, None)
         try:
             if self.compile:
+                step()  # eagerly first: one-time work (the backend's measured choice) stays untraced
                 entry = (torch.compile(step, fullgraph=True, dynamic=False), None)
                 if not self.graphs:
                     entry[0]()
