@@ -71,3 +71,15 @@ def test_a_token_list_that_is_not_numbers_is_a_usage_error(capsys):
         main(["plan", "--tokens", "1,x"])
     assert exit_info.value.code == 2
     assert "argument --tokens: expected a comma-separated list, got '1,x'" in capsys.readouterr().err
+
+
+def test_the_planner_imports_no_torch():
+    """docs/architecture.md: `svdmlp plan` does not pay for torch (only --launches loads it)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, svdmlp.cli.plan, svdmlp.plan.render, svdmlp.plan.launches; print('torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "False", result.stderr

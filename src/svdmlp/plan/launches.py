@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from svdmlp.plan.cost import Traffic, ceil_div, floor_seconds, mlp_ideal
 from svdmlp.plan.hardware import Hardware
 from svdmlp.plan.planner import MLPRanks, dense_mlp_parts, gemm, torch_unfused_mlp_parts
 from svdmlp.plan.shapes import MLPShape
+
+if TYPE_CHECKING:  # the planner's tables import this module; torch only loads when predicting
+    import torch
 
 # HBM latency under load that Little's law divides by: ~1 µs on Hopper, which makes 32 KB in flight per
 # SM (DECODE_BYTES_IN_FLIGHT in the kernel configs) what 132 SMs need to pull 4.3 TB/s.
@@ -357,10 +359,15 @@ class MLPLaunches:
 
 
 def predict_mlp(
-    hw: Hardware, shape: MLPShape, ranks: MLPRanks, m: int, dtype: torch.dtype = torch.bfloat16
+    hw: Hardware, shape: MLPShape, ranks: MLPRanks, m: int, dtype: torch.dtype | None = None
 ) -> MLPLaunches:
-    """Every launch of the Triton backend's gated MLP at ``m`` tokens, and the baselines beside it."""
+    """Every launch of the Triton backend's gated MLP at ``m`` tokens (bf16 unless ``dtype`` says
+    otherwise), and the baselines beside it."""
+    import torch
+
     from svdmlp.kernels.capture import gated_mlp_launches  # imports triton
+
+    dtype = torch.bfloat16 if dtype is None else dtype
 
     if hw.kind != "gpu":
         raise ValueError(f"the launch model covers the Triton kernels on GPUs, not {hw.name}")
