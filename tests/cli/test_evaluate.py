@@ -171,6 +171,29 @@ def test_eval_dense_model(compressed, capsys):
     assert isinstance(summary["perplexity"], float) and math.isfinite(summary["perplexity"])
 
 
+def test_eval_dense_model_quantized(compressed, capsys):
+    model_dir, text, ckpt = compressed
+    code, out, err = run_cli(
+        capsys, "eval", model_dir, "--text", text, *EVAL, "--quantize", "int4", "--json", "-"
+    )
+    assert code == 0 and "quantized / dense perplexity:" in err
+    dense, quantized = json.loads(out)["rows"]
+    assert quantized["kind"] == "dense, MLP int4 RTN"
+    info = quantized["quantization"]
+    # hidden 64, inter 96, 2 layers: 6 matrices of 6144 weights at 4 bits, one fp16 scale per row
+    # (one group of 128 covers 64 or 96 inputs).
+    assert (
+        info["mlp_bytes"] == 6 * 6144 // 2 + 2 * 2 * (96 + 96 + 64) and info["mlp_bytes_bf16"] == 6 * 6144 * 2
+    )
+    assert quantized["perplexity"][str(text)] != dense["perplexity"][str(text)]
+    assert_cli_error(
+        capsys,
+        "eval",
+        ["eval", ckpt, "--text", text, *EVAL, "--quantize", "int8"],
+        "applies to a dense model",
+    )
+
+
 def test_eval_no_baseline(compressed, capsys):
     _, text, ckpt = compressed
     code, out, _ = run_cli(capsys, "eval", ckpt, "--text", text, *EVAL, "--no-baseline", "--json", "-")

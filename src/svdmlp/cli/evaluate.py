@@ -18,6 +18,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     options.add_perplexity(p, "every built-in held-out domain unless only --dataset or --tasks are given")
     options.add_tasks(p)
     p.add_argument("--no-baseline", action="store_true", help="skip the dense base model of a checkpoint")
+    p.add_argument(
+        "--quantize",
+        choices=("int8", "int4"),
+        default=None,
+        help="a dense model only: also score it with its MLP weights quantized by round-to-nearest "
+        "(int8 per output channel, int4 in groups of 128; fp16 scales), the baseline to compare "
+        "compression with at equal bytes",
+    )
     options.add_json(p, "every row, the protocol and the versions")
     options.add_runtime(p)
     p.set_defaults(run=run)
@@ -42,7 +50,24 @@ def run(args: argparse.Namespace) -> options.Outcome:
             {"model": args.target or models.DEFAULT_MODEL, "kind": "dense", "params": counts["total"]}
         )
         rows[-1].update(suite.score(model, tokenizer, texts, settings, "dense"))
+        if args.quantize:
+            from svdmlp.quantize import quantize_mlp
+
+            quantization = quantize_mlp(model, args.quantize)
+            rows.append(
+                {
+                    "model": rows[0]["model"],
+                    "kind": f"dense, MLP {args.quantize} RTN",
+                    "params": counts["total"],
+                    "quantization": quantization,
+                    **suite.score(model, tokenizer, texts, settings, args.quantize),
+                }
+            )
     else:
+        if args.quantize:
+            raise ValueError(
+                "--quantize applies to a dense model; evaluate the checkpoint's base model with it"
+            )
         report = CompressionReport.from_dict(metadata["report"])
         config = metadata["config"]
         calibration = report.calibration
@@ -96,16 +121,25 @@ def calibration_line(calibration: dict) -> str:
     )
 
 
+def _mlp_megabytes(row: dict) -> str:
+    """The MLP's bytes: packed with scales when quantized, else two per parameter (bf16, as saved)."""
+    if "quantization" in row:
+        return f"{row['quantization']['mlp_bytes'] / 1e6:.1f}"
+    return f"{2 * row['mlp_params'] / 1e6:.1f}" if "mlp_params" in row else ""
+
+
 def eval_table(rows: list[dict], text_names: list[str], task_names: list[str] = ()) -> str:
     """One row per model: parameters, perplexity per text, acc and acc_norm per task, then deltas."""
     from svdmlp.evaluate import harness
     from svdmlp.tables import format_table
 
-    headers = ["model", "params", "MLP params", "MLP keep", "compress s"] + [f"PPL {n}" for n in text_names]
+    headers = ["model", "params", "MLP params", "MLP keep", "MLP MB", "compress s"]
+    headers += [f"PPL {n}" for n in text_names]
     headers += [f"{task} {metric}" for task in task_names for metric in harness.METRICS]
     body = []
     for row in rows:
         cells = [row["kind"], row["params"], row.get("mlp_params", ""), row.get("achieved_keep", "")]
+        cells.append(_mlp_megabytes(row))
         seconds = row.get("compress_seconds")
         cells.append("" if seconds is None else round(seconds, 1))
         cells += [row["perplexity"][name] for name in text_names]
@@ -117,7 +151,8 @@ def eval_table(rows: list[dict], text_names: list[str], task_names: list[str] = 
 
         summary = suite.ratios_to_dense(rows[0]["perplexity"], rows[1]["perplexity"])
         ratios = ", ".join(f"{n} x{r:.2f}" for n, r in summary["ratios"].items())
-        table += f"\ncompressed / dense perplexity: {ratios}"
+        which = "quantized" if "quantization" in rows[1] else "compressed"
+        table += f"\n{which} / dense perplexity: {ratios}"
         if len(text_names) > 1:
             table += f"; geometric mean x{summary['geomean']:.3f}"
     if len(rows) == 2 and task_names:
