@@ -60,3 +60,18 @@ def test_the_mlp_is_quantized_in_place_and_the_rest_untouched():
     changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
     assert changed and all(".mlp." in name for name in changed)
     assert 0 < info["max_rel_error"] < 0.02 and info["mlp_bytes"] < info["mlp_bytes_bf16"] / 1.9
+
+
+def test_a_compressed_model_has_its_factors_quantized_along_their_sums():
+    from svdmlp.bench.e2e import install_random_lowrank
+    from svdmlp.lowrank import lowrank_modules
+
+    model = tiny_model("llama")
+    install_random_lowrank(model, keep=0.5, align=8, backend="torch")
+    module = lowrank_modules(model)[0]
+    down_u_t = module.down_u_t.detach().clone()  # (inter, r): each of r outputs sums over inter inputs
+    info = quantize_mlp(model, "int4")
+    q, scales = quantize(down_u_t.T, SCHEMES["int4"])
+    assert torch.equal(module.down_u_t, dequantize(q, scales, (down_u_t.shape[1], down_u_t.shape[0])).T)
+    factors = sum(p.numel() for m in lowrank_modules(model) for p in m.parameters())
+    assert info["mlp_bytes_bf16"] == 2 * factors and info["mlp_bytes"] < info["mlp_bytes_bf16"] / 3

@@ -5,8 +5,10 @@ Schemes, symmetric, scales in fp16 (their bytes counted):
 - ``int8``: one scale per output channel: ``1 + 2/in`` bytes per weight;
 - ``int4``: one scale per group of 128 consecutive inputs of a row: ``0.5 + 2/128`` bytes per weight.
 RTN is the baseline of the literature's tables (llama.cpp's Q8_0 and Q4_0 are block RTN; AWQ and GPTQ
-improve on it with calibration). Evaluation quantizes and dequantizes in place (fake quantization): the
-values are exactly those an int8/int4 kernel would multiply by; the bytes are the packed ones.
+improve on it with calibration). A compressed model's factors are quantized the same way, each along the
+dimension it sums over: SVD and quantization together. Evaluation quantizes and dequantizes in place (fake
+quantization): the values are exactly those an int8/int4 kernel would multiply by; the bytes are the
+packed ones. No kernel reads packed factors yet.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 
 from svdmlp import arch
+from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
 
 SCALE_BYTES = 2  # fp16
 
@@ -77,35 +80,43 @@ def _grouped(weight: torch.Tensor, how: Scheme) -> torch.Tensor:
     return weight.reshape(rows, -1, group)
 
 
+def _mlp_weights(model: nn.Module):
+    """Every MLP weight of the decoder layers as a 2-D view whose rows are outputs and columns the
+    inputs they sum over: a dense projection's weight as it is, a low-rank factor ``(k, n)`` transposed."""
+    spec = arch.of_model(model)
+    for layer in arch.decoder_layers(model, spec):
+        for module in getattr(layer, spec.mlp).modules():
+            if isinstance(module, nn.Linear):
+                yield module.weight
+            elif isinstance(module, (LowRankLinear, LowRankGatedMLP)):
+                yield from (factor.T for factor in module.parameters(recurse=False))
+
+
 @torch.no_grad()
 def quantize_mlp(model: nn.Module, name: str) -> dict:
-    """Replace every MLP projection weight of ``model`` by its quantized value, in place; what it cost.
+    """Replace every MLP weight of ``model`` (dense projections, or a compressed layer's factors) by its
+    quantized value, in place; what it cost.
 
     Returns:
-        The scheme, the MLP's bytes quantized and in bf16, and the largest relative error of a
-        projection's weight (Frobenius norm).
+        The scheme, the MLP's bytes quantized and in bf16, and the largest relative error of one
+        weight (Frobenius norm).
     """
     how = scheme(name)
-    spec = arch.of_model(model)
-    quantized = dense = 0
+    quantized = bf16 = 0
     worst = 0.0
-    for index in range(len(arch.decoder_layers(model, spec))):
-        for projection in arch.PROJECTIONS:
-            linear = arch.dense_projection(model, spec, index, projection)
-            weight = linear.weight
-            q, scales = quantize(weight, how)
-            restored = dequantize(q, scales, tuple(weight.shape))
-            worst = max(
-                worst, float((restored - weight.float()).norm() / weight.float().norm().clamp_min(1e-30))
-            )
-            weight.copy_(restored.to(weight.dtype))
-            quantized += how.nbytes(*weight.shape)
-            dense += 2 * weight.numel()
+    for weight in _mlp_weights(model):
+        q, scales = quantize(weight, how)
+        restored = dequantize(q, scales, tuple(weight.shape))
+        error = (restored - weight.float()).norm() / weight.float().norm().clamp_min(1e-30)
+        worst = max(worst, float(error))
+        weight.copy_(restored.to(weight.dtype))
+        quantized += how.nbytes(*weight.shape)
+        bf16 += 2 * weight.numel()
     return {
         "scheme": how.name,
         "bits": how.bits,
         "group": how.group,
         "mlp_bytes": quantized,
-        "mlp_bytes_bf16": dense,
+        "mlp_bytes_bf16": bf16,
         "max_rel_error": worst,
     }

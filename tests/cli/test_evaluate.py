@@ -186,12 +186,13 @@ def test_eval_dense_model_quantized(compressed, capsys):
         info["mlp_bytes"] == 6 * 6144 // 2 + 2 * 2 * (96 + 96 + 64) and info["mlp_bytes_bf16"] == 6 * 6144 * 2
     )
     assert quantized["perplexity"][str(text)] != dense["perplexity"][str(text)]
-    assert_cli_error(
-        capsys,
-        "eval",
-        ["eval", ckpt, "--text", text, *EVAL, "--quantize", "int8"],
-        "applies to a dense model",
-    )
+    code, out, err = run_cli(capsys, "eval", ckpt, "--text", text, *EVAL, "--quantize", "int8", "--json", "-")
+    assert code == 0 and "compressed / dense perplexity:" in err
+    base, factors = json.loads(out)["rows"]
+    assert factors["kind"] == "compressed (whiten keep 0.5, MLP int8 RTN)" and "quantization" not in base
+    # int8 halves the bf16 bytes of every factor, plus one fp16 scale per output of each (rank 8 here:
+    # a scale per 8 weights of the expands).
+    assert factors["quantization"]["mlp_bytes"] < 0.6 * factors["quantization"]["mlp_bytes_bf16"]
 
 
 def test_eval_no_baseline(compressed, capsys):

@@ -22,9 +22,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--quantize",
         choices=("int8", "int4"),
         default=None,
-        help="a dense model only: also score it with its MLP weights quantized by round-to-nearest "
-        "(int8 per output channel, int4 in groups of 128; fp16 scales), the baseline to compare "
-        "compression with at equal bytes",
+        help="quantize the MLP weights by round-to-nearest (int8 per output channel, int4 in groups "
+        "of 128; fp16 scales): a dense model is scored beside its quantized self (the baseline to "
+        "compare compression with at equal bytes), a checkpoint with its factors quantized",
     )
     options.add_json(p, "every row, the protocol and the versions")
     options.add_runtime(p)
@@ -64,14 +64,16 @@ def run(args: argparse.Namespace) -> options.Outcome:
                 }
             )
     else:
-        if args.quantize:
-            raise ValueError(
-                "--quantize applies to a dense model; evaluate the checkpoint's base model with it"
-            )
         report = CompressionReport.from_dict(metadata["report"])
         config = metadata["config"]
         calibration = report.calibration
         label = f"{config['method']} keep {config['keep']}"
+        quantized = {}
+        if args.quantize:
+            from svdmlp.quantize import quantize_mlp
+
+            quantized = {"quantization": quantize_mlp(model, args.quantize)}
+            label += f", MLP {args.quantize} RTN"
         rows.append(
             {
                 "model": args.target,
@@ -80,6 +82,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
                 "mlp_params": report.params_after["mlp"],
                 "achieved_keep": report.achieved_keep,
                 "compress_seconds": report.seconds,
+                **quantized,
                 **suite.score(model, tokenizer, texts, settings, "compressed"),
             }
         )
@@ -151,7 +154,7 @@ def eval_table(rows: list[dict], text_names: list[str], task_names: list[str] = 
 
         summary = suite.ratios_to_dense(rows[0]["perplexity"], rows[1]["perplexity"])
         ratios = ", ".join(f"{n} x{r:.2f}" for n, r in summary["ratios"].items())
-        which = "quantized" if "quantization" in rows[1] else "compressed"
+        which = "quantized" if rows[1]["kind"].startswith("dense") else "compressed"
         table += f"\n{which} / dense perplexity: {ratios}"
         if len(text_names) > 1:
             table += f"; geometric mean x{summary['geomean']:.3f}"
