@@ -75,3 +75,17 @@ def test_a_compressed_model_has_its_factors_quantized_along_their_sums():
     assert torch.equal(module.down_u_t, dequantize(q, scales, (down_u_t.shape[1], down_u_t.shape[0])).T)
     factors = sum(p.numel() for m in lowrank_modules(model) for p in m.parameters())
     assert info["mlp_bytes_bf16"] == 2 * factors and info["mlp_bytes"] < info["mlp_bytes_bf16"] / 3
+
+
+def test_the_command_line_offers_every_scheme():
+    """``eval --quantize`` lists its choices without importing torch; they must stay the schemes."""
+    import argparse
+
+    from svdmlp.cli import evaluate
+
+    parser = argparse.ArgumentParser()
+    evaluate.add_parser(parser.add_subparsers())
+    action = next(
+        a for a in parser._subparsers._group_actions[0].choices["eval"]._actions if a.dest == "quantize"
+    )
+    assert sorted(action.choices) == sorted(SCHEMES)
