@@ -1,0 +1,80 @@
+"""MLP bytes against quality: dense, quantized, compressed, and compressed with quantized factors.
+
+    python benchmarks/memory_quality.py DENSE_EVAL.json OUT.png LABEL=FILE[@ROW] [LABEL=FILE[@ROW] ...]
+
+``DENSE_EVAL.json`` is an ``svdmlp eval --json`` file whose first row is the dense model, scored on the
+same texts as every point. Each point is a row of an eval file (the last unless ``@ROW`` gives its
+index). Its MLP bytes: the packed bytes of a quantized row (``--quantize``), else two per MLP parameter
+(bf16, as checkpoints are saved); the dense model's own point is its first row at 2 bytes per MLP
+parameter, which ``--dense-mlp-params N`` gives when the file does not. Prints a Markdown table (bytes,
+each text's ratio to dense, the geometric means over the built-in domains and over all texts) and draws
+the geometric mean over all texts against the MLP megabytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from svdmlp.corpora import HELDOUT_SOURCES
+from svdmlp.evaluate.suite import ratios_to_dense
+from svdmlp.plots import new_figure, save_figure
+from svdmlp.tables import markdown_table
+
+
+def _row(spec: str) -> dict:
+    path, _, index = spec.partition("@")
+    rows = json.loads(Path(path).read_text())["rows"]
+    return rows[int(index) if index else -1]
+
+
+def _megabytes(row: dict, dense_params: int | None) -> float:
+    if "quantization" in row:
+        return row["quantization"]["mlp_bytes"] / 1e6
+    params = row.get("mlp_params", dense_params)
+    if params is None:
+        raise SystemExit(f"no MLP size for {row['kind']}: pass --dense-mlp-params")
+    return 2 * params / 1e6
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("dense")
+    parser.add_argument("plot", type=Path)
+    parser.add_argument("points", nargs="+", metavar="LABEL=FILE[@ROW]")
+    parser.add_argument("--dense-mlp-params", type=int, default=None)
+    args = parser.parse_args(argv)
+    dense = _row(f"{args.dense}@0")
+    names = [n for n in HELDOUT_SOURCES if n in dense["perplexity"]]
+    names += sorted(n for n in dense["perplexity"] if n not in HELDOUT_SOURCES)
+    points = [("dense bf16", dense)] + [
+        (label, _row(spec)) for label, _, spec in (item.partition("=") for item in args.points)
+    ]
+    headers = ["point", "MLP MB", *(Path(n).stem for n in names), "geomean domains", "geomean all"]
+    body, plotted = [], []
+    for label, row in points:
+        every = ratios_to_dense(dense["perplexity"], row["perplexity"])
+        domains = ratios_to_dense(
+            {n: dense["perplexity"][n] for n in names if n in HELDOUT_SOURCES}, row["perplexity"]
+        )
+        megabytes = _megabytes(row, args.dense_mlp_params)
+        body.append(
+            [label, f"{megabytes:.1f}", *(f"×{every['ratios'][n]:.3f}" for n in names)]
+            + [f"×{domains['geomean']:.3f}", f"×{every['geomean']:.3f}"]
+        )
+        plotted.append((label, megabytes, every["geomean"]))
+    print(markdown_table(headers, body))
+    figure, ax = new_figure((6.5, 4.5))
+    for label, megabytes, ratio in plotted:
+        ax.scatter([megabytes], [ratio])
+        ax.annotate(label, (megabytes, ratio), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    ax.set_xlabel("MLP megabytes (scales included)")
+    ax.set_ylabel("perplexity / dense, geometric mean over all texts")
+    save_figure(figure, args.plot, f"memory against quality: {dense['model']}")
+
+
+if __name__ == "__main__":
+    main()
