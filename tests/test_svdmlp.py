@@ -31,7 +31,7 @@ LAYERS = (
     ("svdmlp.config",),
     ("svdmlp.backends",),
     ("svdmlp.engine", "svdmlp.lowrank"),
-    ("svdmlp.compression", "svdmlp.evaluate", "svdmlp.models", "svdmlp.plan"),
+    ("svdmlp.compression", "svdmlp.evaluate", "svdmlp.models", "svdmlp.plan", "svdmlp.quantize"),
     ("svdmlp.bench", "svdmlp.checkpoint"),
     ("svdmlp.sweep",),
     ("svdmlp.cli",),
