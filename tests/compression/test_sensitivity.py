@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from conftest import VOCAB, tiny_model
+from conftest import ARCH_CONFIGS, VOCAB, tiny_model
 from svdmlp import arch
 from svdmlp.compression import decompose, sensitivity
 
@@ -44,7 +44,7 @@ def _reference_kl(model, spec, windows, index, factors) -> float:
     return float((p.exp() * (p - q)).sum(-1).mean())
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("model_type", sorted(ARCH_CONFIGS))
 def test_divergence_of_each_layer_matches_a_hand_computation(model_type):
     model, spec, windows = _setup(model_type)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -108,16 +108,23 @@ class _Given(nn.Module):
         return hidden_states if self.hidden is None else self.hidden
 
 
+@contextmanager
+def head_only(model: nn.Module, spec: arch.ArchSpec, hidden: torch.Tensor) -> Iterator[None]:
+    """Inside the block a forward pass of ``model`` takes ``hidden`` as the last decoder layer's output
+    and runs only what follows it: the model's own final norm, head and logit transforms (softcapping),
+    whatever the architecture."""
+    layers = arch.decoder_layers(model, spec)
+    last = len(layers) - 1
+    with stood_in(layers, {index: _Given(hidden if index == last else None) for index in range(last + 1)}):
+        yield
+
+
 def head_gradient(
     model: nn.Module, spec: arch.ArchSpec, ids: torch.Tensor, hidden: torch.Tensor, loss
 ) -> tuple[float, torch.Tensor]:
-    """``loss(logits)`` of the last decoder layer's output ``hidden`` and its gradient there: the
-    model's own final norm, head and logit transforms run between them, whatever the architecture."""
-    layers = arch.decoder_layers(model, spec)
+    """``loss(logits)`` of the last decoder layer's output ``hidden`` and its gradient there."""
     given = hidden.detach().requires_grad_(True)
-    last = len(layers) - 1
-    with stood_in(layers, {index: _Given(given if index == last else None) for index in range(last + 1)}):
-        with torch.enable_grad():
-            value = loss(model(input_ids=ids, use_cache=False).logits)
-            value.backward()
+    with head_only(model, spec, given), torch.enable_grad():
+        value = loss(model(input_ids=ids, use_cache=False).logits)
+        value.backward()
     return float(value.detach()), given.grad
