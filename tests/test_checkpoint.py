@@ -547,3 +547,41 @@ def test_load_any_takes_a_checkpoint_or_a_dense_model(saved, model_dir):
     torch.testing.assert_close(_logits(loaded), _logits(model.float()))
     dense, _, metadata = checkpoint.load_any(str(model_dir))
     assert metadata is None and next(dense.parameters()).dtype == torch.float32
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_factors_round_trip_in_one_call(bits, tokenizer, text_file, tmp_path):
+    from svdmlp.int_weights import QuantizedMatrix
+
+    model, config, report = _compress("qwen2", tokenizer, text_file, factor_bits=bits)
+    assert report.quantization["bits"] == bits
+    assert (
+        0
+        < report.quantization["factor_bytes"]
+        < report.quantization["factor_bytes_before"] / (1.9 if bits == 8 else 3.5)
+    )
+    assert report.achieved_keep == pytest.approx(0.5, abs=0.1)  # parameters counted before quantization
+    expected = _logits(model)
+    directory = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
+    assert checkpoint.read_metadata(directory)["config"]["factor_bits"] == bits
+    loaded, _ = checkpoint.load(directory)
+    assert torch.equal(_logits(loaded), expected)
+    mlp = _mlp(loaded, 0)
+    assert isinstance(mlp.gate_up_u_t, QuantizedMatrix) and mlp.gate_up_u_t.scheme.bits == bits
+    in_bf16, _ = checkpoint.load(directory, dtype=torch.bfloat16)  # a cast keeps the scales as stored
+    assert torch.equal(_mlp(in_bf16, 0).gate_up_u_t.dequantized(), mlp.gate_up_u_t.dequantized())
+    index = json.loads((directory / "model.safetensors.index.json").read_text())
+    assert index["weight_map"]["model.layers.0.mlp.down_u_t.values"] == "model-00002-of-00005.safetensors"
+    stored = load_file(directory / "model-00002-of-00005.safetensors")
+    assert stored["model.layers.0.mlp.down_u_t.values"].dtype == (torch.int8 if bits == 8 else torch.uint8)
+
+
+def test_a_factor_scheme_this_svdmlp_cannot_read_is_refused(tokenizer, text_file, tmp_path):
+    model, config, report = _compress("llama", tokenizer, text_file, factor_bits=8)
+    directory = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
+    _edit_metadata(directory, lambda m: m["config"].update(factor_bits=3))
+    assert _one_line_error(directory) == (
+        f"checkpoint {directory} stores its factors with 3 bits, which this svdmlp cannot read (it reads [4, 8, 16])"
+    )
+    _edit_metadata(directory, lambda m: m["config"].update(factor_bits=4))  # another scheme's shapes
+    assert "does not match its recorded architecture" in _one_line_error(directory)

@@ -175,3 +175,22 @@ def test_a_big_tensor_cast_on_loading_is_read_in_blocks_of_rows_exactly(tmp_path
         small = lazy._read(handle, path, "small", torch.float32, torch.device("cpu"))
     assert read.dtype == dtype and torch.equal(read, stored.to(dtype))
     assert torch.equal(small, torch.ones(2))
+
+
+def test_factors_quantized_from_disk_go_into_their_layers_files(tokenizer, tmp_path):
+    _saved("qwen2", tokenizer, tmp_path / "model")
+    config = _config(heal="closed-form", factor_bits=8)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    model, _, _ = models.load_lazy(str(tmp_path / "model"), scratch=scratch)
+    report = pipeline.compress(model, tokenizer, config, calibration_text=SAMPLE_TEXT, progress=False)
+    assert report.quantization["scheme"] == "int8"
+    path = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
+    index = json.loads((path / lazy.INDEX_FILE).read_text())["weight_map"]
+    compressed = [r.index for r in report.layers if r.status == "compressed"]
+    assert compressed
+    for i in compressed:
+        assert index[f"model.layers.{i}.mlp.down_u_t.values"] == lazy.shard_name(i + 1, 5)
+    loaded, _ = checkpoint.load(path)
+    with torch.no_grad():  # the checkpoint computes what the model on disk computes
+        assert torch.equal(loaded(IDS).logits, model(IDS).logits)

@@ -1,50 +1,13 @@
-"""Round-to-nearest quantization: the error bound, exact round trips, packed bytes, bad weights."""
+"""Fake quantization of a model's MLP for evaluation: dense weights and low-rank factors, along their sums."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from conftest import tiny_model
 from svdmlp import arch
-from svdmlp.quantize import SCHEMES, dequantize, quantize, quantize_mlp, scheme
-
-
-@pytest.mark.parametrize("name", sorted(SCHEMES))
-@pytest.mark.parametrize("shape", [(7, 300), (33, 128), (1, 5)])
-def test_every_weight_is_within_half_a_scale(name, shape):
-    how = SCHEMES[name]
-    weight = torch.randn(shape, generator=torch.Generator().manual_seed(shape[1])) * 0.02
-    q, scales = quantize(weight, how)
-    assert q.dtype == torch.int8 and int(q.abs().max()) <= how.qmax
-    restored = dequantize(q, scales, shape)
-    group = shape[1] if how.group is None else how.group
-    per_weight = scales.float().expand(-1, -1, group).reshape(shape[0], -1)[:, : shape[1]]
-    assert ((restored - weight).abs() <= per_weight / 2 * (1 + 1e-3)).all()
-
-
-def test_values_on_the_grid_round_trip_exactly():
-    how = SCHEMES["int4"]
-    q = torch.randint(-7, 8, (3, 256), generator=torch.Generator().manual_seed(0)).float()
-    q[:, 0], q[:, 128] = 7, 7  # each group's largest magnitude sets its scale to 1/8 exactly
-    weight = q / 8
-    restored = dequantize(*quantize(weight, how), tuple(weight.shape))
-    assert torch.equal(restored, weight)
-
-
-def test_packed_bytes_count_values_and_scales():
-    assert SCHEMES["int8"].nbytes(4096, 14336) == 4096 * 14336 + 4096 * 2
-    assert SCHEMES["int4"].nbytes(4096, 14336) == 4096 * 14336 // 2 + 4096 * 112 * 2
-    assert SCHEMES["int4"].nbytes(3, 130) == -(-3 * 130 // 2) + 3 * 2 * 2
-
-
-def test_bad_input_is_refused():
-    with pytest.raises(ValueError, match="unknown quantization 'int3'"):
-        scheme("int3")
-    with pytest.raises(ValueError, match="NaN or infinite"):
-        quantize(torch.tensor([[1.0, float("nan")]]), SCHEMES["int8"])
-    with pytest.raises(ValueError, match="2-D"):
-        quantize(torch.ones(3), SCHEMES["int8"])
+from svdmlp.int_weights import SCHEMES, dequantize, quantize
+from svdmlp.quantize import quantize_mlp
 
 
 def test_the_mlp_is_quantized_in_place_and_the_rest_untouched():

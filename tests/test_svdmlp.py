@@ -29,7 +29,7 @@ LAYERS = (
     ),
     ("svdmlp.compression.decompose", "svdmlp.corpora", "svdmlp.kernels"),
     ("svdmlp.config",),
-    ("svdmlp.backends",),
+    ("svdmlp.backends", "svdmlp.int_weights"),
     ("svdmlp.engine", "svdmlp.lowrank"),
     ("svdmlp.compression", "svdmlp.evaluate", "svdmlp.models", "svdmlp.plan", "svdmlp.quantize"),
     ("svdmlp.bench", "svdmlp.checkpoint"),

@@ -36,7 +36,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from svdmlp import arch, lazy, lowrank, models
 from svdmlp.compression.report import CompressionReport
-from svdmlp.config import CompressConfig
+from svdmlp.config import FACTOR_BITS, CompressConfig
+from svdmlp.int_weights import Scheme, factor_scheme
 from svdmlp.paths import file_sha256, under_umask
 from svdmlp.versions import installed_versions
 
@@ -123,7 +124,10 @@ def _write_weights(
     weight_map, shards = {}, []
 
     def write(file: str, tensors: dict[str, torch.Tensor]) -> None:
-        tensors = {name: t.detach().to(dtype or t.dtype).contiguous() for name, t in tensors.items()}
+        tensors = {  # integer tensors (quantized factors) as they are
+            name: t.detach().to(dtype if dtype and t.is_floating_point() else t.dtype).contiguous()
+            for name, t in tensors.items()
+        }
         metadata = {"format": "pt", "svdmlp_format_version": str(FORMAT_VERSION)}
         save_file(tensors, staging / file, metadata=metadata)
         weight_map.update(dict.fromkeys(tensors, file))
@@ -142,8 +146,7 @@ def _write_weights(
             shards.append(file)
             continue
         with lazy.held(model, unit):
-            names = lazy.tensor_names(model)
-            write(file, {names[id(p)][0]: p for p in unit.parameters() if names[id(p)][0] not in done})
+            write(file, {name: t for name, t in lazy.unit_tensors(model, unit).items() if name not in done})
     names = lazy.tensor_names(model)
     rest = {
         group[0]: tensor
@@ -354,9 +357,13 @@ def load(
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=stored)
     report = CompressionReport.from_dict(metadata["report"])
+    how = _factor_scheme(directory, metadata)
     for layer in report.layers:
         if layer.status == "compressed":
             lowrank.install(model, spec, layer.index, layer.ranks, stored, "meta")
+    if how is not None:
+        for module in lowrank.lowrank_modules(model):
+            module.quantize_factors(how, fill=False)
     state = {}
     for name in _weight_files(metadata):
         weights = Path(directory).expanduser() / name
@@ -391,6 +398,18 @@ def load(
     lowrank.set_backend(model, backend)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     return model, tokenizer
+
+
+def _factor_scheme(directory, metadata: dict) -> Scheme | None:
+    """How the checkpoint's factors are stored (None: floating point, as before ``--factor-bits``)."""
+    bits = metadata.get("config", {}).get("factor_bits", 16)
+    try:
+        return factor_scheme(bits)
+    except ValueError:
+        raise ValueError(
+            f"checkpoint {directory} stores its factors with {bits!r} bits, which this svdmlp cannot read "
+            f"(it reads {sorted(FACTOR_BITS)})"
+        ) from None
 
 
 def load_any(target: str | None, backend: str = "auto", dtype: torch.dtype | None = None, device="cpu"):

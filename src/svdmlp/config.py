@@ -8,6 +8,10 @@ from svdmlp import corpora
 from svdmlp.arch import PROJECTIONS
 from svdmlp.compression.ranks import check_keep
 
+# --factor-bits: the quantization scheme (svdmlp.int_weights) the factors are stored in; 16 keeps them
+# in the model's floating-point dtype.
+FACTOR_BITS = {16: None, 8: "int8", 4: "int4"}
+
 FORMAT_VERSION = 1
 METHODS = ("whiten", "fisher", "svd")
 ALLOCATIONS = ("uniform", "budget")
@@ -178,6 +182,8 @@ class CompressConfig:
             low-rank factors to match the dense model's next-token distribution on calibration
             text; see :mod:`svdmlp.compression.heal.distill`); or ``"closed-form+lora"``, both in that order.
         lora: steps, learning rate and window length of ``heal="lora"``.
+        factor_bits: 16 keeps the factors in floating point; 8 or 4 stores them quantized after
+            healing (int8 per output channel, int4 in groups of 128: :mod:`svdmlp.int_weights`).
     """
 
     keep: float = 0.8
@@ -191,9 +197,12 @@ class CompressConfig:
     sequential: bool = False
     heal: str = "none"
     lora: LoraSpec = field(default_factory=LoraSpec)
+    factor_bits: int = 16
 
     def __post_init__(self) -> None:
         check_keep(self.keep)
+        if self.factor_bits not in FACTOR_BITS:
+            raise ValueError(f"factor bits must be one of {sorted(FACTOR_BITS)}, got {self.factor_bits!r}")
         if not isinstance(self.align, int) or self.align < 1:
             raise ValueError(f"align must be an integer >= 1, got {self.align!r}")
         if self.method not in METHODS:

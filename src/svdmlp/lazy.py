@@ -207,13 +207,13 @@ class DiskWeights:
 
     def store(self, unit: nn.Module) -> Path:
         """Write every parameter of ``unit`` in :attr:`dtype` to its shard in :attr:`scratch` (atomically)
-        and read them from there from now on; the ones only in memory (new factors) are dropped."""
+        and read them from there from now on; the ones only in memory (new factors) are dropped. Its
+        saved buffers (quantized factors) are written too and stay in memory."""
         if self.scratch is None:
             raise ValueError("these disk weights have no scratch directory to store units in")
         path = self.scratch / shard_name(self.units.index(unit), len(self.units))
         with self.held(unit):
-            names = tensor_names(self.model)
-            tensors = {names[id(p)][0]: p.detach().contiguous() for p in unit.parameters()}
+            tensors = {name: t.detach().contiguous() for name, t in unit_tensors(self.model, unit).items()}
             partial = path.with_name(path.name + ".partial")
             save_file(tensors, partial, metadata={"format": "pt"})
             partial.replace(path)
@@ -235,6 +235,14 @@ def tensor_names(model: nn.Module) -> dict[int, list[str]]:
     for name, tensor in model.state_dict(keep_vars=True).items():
         names.setdefault(id(tensor), []).append(name)
     return names
+
+
+def unit_tensors(model: nn.Module, unit: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of ``unit`` that ``model``'s state dict holds (parameters and saved buffers), by
+    their first state-dict name."""
+    names = tensor_names(model)
+    found = (*unit.parameters(), *unit.buffers())
+    return {names[id(t)][0]: t for t in found if id(t) in names}
 
 
 def shard_name(position: int, units: int) -> str:

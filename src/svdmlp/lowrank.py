@@ -13,14 +13,55 @@ import torch.nn as nn
 
 from svdmlp import arch, backends
 from svdmlp.compression.decompose import Factors
+from svdmlp.int_weights import QuantizedMatrix, Scheme
 
 
 def _empty(rows: int, cols: int, dtype: torch.dtype, device) -> nn.Parameter:
     return nn.Parameter(torch.empty(rows, cols, dtype=dtype, device=device), requires_grad=False)
 
 
-class LowRankLinear(nn.Module):
+class _Factored(nn.Module):
+    """What both low-rank modules share: their factors, float parameters or quantized matrices."""
+
+    FACTORS: tuple[str, ...] = ()
+    scheme: Scheme | None = None
+
+    @torch.no_grad()
+    def quantize_factors(self, how: Scheme, fill: bool = True) -> dict[str, float]:
+        """Replace every factor by a :class:`~svdmlp.int_weights.QuantizedMatrix` of it (``fill``
+        False: an empty one of its shape, the skeleton a checkpoint load fills); the backend becomes
+        the PyTorch one, the only one that reads quantized factors yet. Returns each factor's relative
+        error (Frobenius norm), empty when not filled."""
+        if self.scheme is not None:
+            raise ValueError(f"the factors are already quantized ({self.scheme.name})")
+        errors = {}
+        for name in self.FACTORS:
+            factor = getattr(self, name)
+            if fill:
+                quantized = QuantizedMatrix.of(factor.detach(), how)
+                restored = quantized.dequantized().T
+                errors[name] = float(
+                    (restored - factor.float()).norm() / factor.float().norm().clamp_min(1e-30)
+                )
+            else:
+                quantized = QuantizedMatrix(factor.shape[0], factor.shape[1], how, device=factor.device)
+            delattr(self, name)
+            setattr(self, name, quantized)
+        self.scheme, self.backend = how, "torch"
+        return errors
+
+    def factor_bytes(self) -> int:
+        """Bytes of the factors as stored: packed with their scales when quantized."""
+        return sum(
+            f.nbytes() if isinstance(f, QuantizedMatrix) else f.numel() * f.element_size()
+            for f in (getattr(self, name) for name in self.FACTORS)
+        )
+
+
+class LowRankLinear(_Factored):
     """``y = (x @ u_t) @ v_t``: a rank-r stand-in for a bias-free ``nn.Linear(in, out)``."""
+
+    FACTORS = ("u_t", "v_t")
 
     def __init__(self, in_features: int, out_features: int, rank: int, dtype=torch.float32, device=None):
         super().__init__()
@@ -42,12 +83,14 @@ class LowRankLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, rank={self.rank}, backend={self.backend}"
 
 
-class LowRankGatedMLP(nn.Module):
+class LowRankGatedMLP(_Factored):
     """``down(act(gate(x)) * up(x))`` with all three projections low-rank.
 
     Gate and up share one read of ``x``: their shrink factors are concatenated into
     ``gate_up_u_t (hidden, r_gate + r_up)``.
     """
+
+    FACTORS = ("gate_up_u_t", "gate_v_t", "up_v_t", "down_u_t", "down_v_t")
 
     def __init__(
         self,
@@ -107,11 +150,12 @@ def compressed_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def set_backend(model: nn.Module, name: str = "auto") -> str:
-    """Point every low-rank module of ``model`` at a backend; returns the concrete backend chosen."""
+    """Point every low-rank module of ``model`` at a backend; returns the concrete backend chosen.
+    Modules with quantized factors stay on the PyTorch backend (no Triton kernel reads them yet)."""
     device = next(model.parameters()).device
     concrete = backends.resolve(name, device)
     for module in lowrank_modules(model):
-        module.backend = concrete
+        module.backend = concrete if module.scheme is None else "torch"
     return concrete
 
 

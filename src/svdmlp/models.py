@@ -435,7 +435,7 @@ def _shape(shape) -> str:
 
 def _mismatch_advice(location: str, unexpected) -> str:
     factors = lowrank.factor_names()
-    if not any(key.rpartition(".")[2] in factors for key in unexpected):
+    if not any(factors.intersection(key.split(".")) for key in unexpected):  # quantized: u_t.values
         return "the weights file is incomplete or belongs to another model"
     if (Path(location) / "svdmlp.json").is_file():
         return (

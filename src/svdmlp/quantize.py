@@ -1,83 +1,21 @@
-"""Weight-only round-to-nearest (RTN) quantization of the MLP weights: the baseline users compare every
-compression with ("why not just quantize?").
+"""Weight-only quantization of a model's MLP in place, for evaluation: the baseline users compare every
+compression with ("why not just quantize?"), and a compressed model's factors quantized the same way.
 
-Schemes, symmetric, scales in fp16 (their bytes counted):
-- ``int8``: one scale per output channel: ``1 + 2/in`` bytes per weight;
-- ``int4``: one scale per group of 128 consecutive inputs of a row: ``0.5 + 2/128`` bytes per weight.
-RTN is the baseline of the literature's tables (llama.cpp's Q8_0 and Q4_0 are block RTN; AWQ and GPTQ
-improve on it with calibration). A compressed model's factors are quantized the same way, each along the
-dimension it sums over: SVD and quantization together. Evaluation quantizes and dequantizes in place (fake
-quantization): the values are exactly those an int8/int4 kernel would multiply by; the bytes are the
-packed ones. No kernel reads packed factors yet.
+Fake quantization: each weight is quantized by a scheme of :mod:`svdmlp.int_weights` and replaced by the
+value it stands for, exactly what an int8/int4 kernel would multiply by; the bytes counted are the
+packed ones. A compressed model's factors are quantized along the dimension each sums over. For
+checkpoints whose factors are stored quantized (``svdmlp compress --factor-bits``), see
+:func:`svdmlp.lowrank.quantize_factors`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from svdmlp import arch
+from svdmlp.int_weights import dequantize, quantize, scheme
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
-
-SCALE_BYTES = 2  # fp16
-
-
-@dataclass(frozen=True)
-class Scheme:
-    name: str
-    bits: int
-    group: int | None  # inputs per scale; None: the whole row (per output channel)
-
-    @property
-    def qmax(self) -> int:
-        return 2 ** (self.bits - 1) - 1
-
-    def nbytes(self, rows: int, cols: int) -> int:
-        """Bytes of a quantized ``rows × cols`` weight, packed values and scales."""
-        groups = 1 if self.group is None else -(-cols // self.group)
-        return -(-rows * cols * self.bits // 8) + rows * groups * SCALE_BYTES
-
-
-SCHEMES = {"int8": Scheme("int8", 8, None), "int4": Scheme("int4", 4, 128)}
-
-
-def scheme(name: str) -> Scheme:
-    try:
-        return SCHEMES[name]
-    except KeyError:
-        raise ValueError(f"unknown quantization {name!r}; expected one of {sorted(SCHEMES)}") from None
-
-
-def quantize(weight: torch.Tensor, how: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q, scales)``: integers in ``[-qmax, qmax]`` (int8, one per weight) and fp16 scales, one per
-    row and group, with ``weight ≈ q · scale`` (error at most half a scale per weight)."""
-    if weight.dim() != 2:
-        raise ValueError(f"quantize needs a 2-D weight, got shape {tuple(weight.shape)}")
-    if not torch.isfinite(weight).all():
-        raise ValueError("the weight holds NaN or infinite values; it cannot be quantized")
-    groups = _grouped(weight.float(), how)
-    scales = (groups.abs().amax(-1, keepdim=True) / how.qmax).to(torch.float16)
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # an all-zero group: any scale
-    q = torch.round(groups / scales.float()).clamp(-how.qmax, how.qmax).to(torch.int8)
-    return q, scales
-
-
-def dequantize(q: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """The float32 weight of ``shape`` that ``(q, scales)`` stand for."""
-    rows, cols = shape
-    return (q.float() * scales.float()).reshape(rows, -1)[:, :cols]
-
-
-def _grouped(weight: torch.Tensor, how: Scheme) -> torch.Tensor:
-    """``(rows, groups, group)`` view of ``weight``, the last group padded with zeros."""
-    rows, cols = weight.shape
-    group = cols if how.group is None else how.group
-    padding = -cols % group
-    if padding:
-        weight = torch.nn.functional.pad(weight, (0, padding))
-    return weight.reshape(rows, -1, group)
 
 
 def _mlp_weights(model: nn.Module):

@@ -45,6 +45,22 @@ def test_e2e_writes_table_json_and_plot(model_dir, tmp_path, capsys, monkeypatch
     assert dense["joules_per_token"] is None and "CUDA" in dense["energy_note"] and "$/Mtok" in out
 
 
+def test_factor_bits_put_quantized_variants_beside_float_ones(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out_json = tmp_path / "e2e.json"
+    argv = ["bench", "e2e", str(model_dir), "--keep", "0.5", "--batch", "1", "--align", "16", "--no-hf"]
+    argv += ["--factor-bits", "16,8,4", "--dtype", "bfloat16", "--prompt-len", "8", "--new-tokens", "3"]
+    assert main([*argv, "--repeats", "1", "--json", str(out_json)]) == 0
+    rows = {row["variant"]: row for row in json.loads(out_json.read_text())["rows"]}
+    assert list(rows) == ["dense", "keep 0.5", "keep 0.5 int8", "keep 0.5 int4"]
+    float_bytes, int8_bytes, int4_bytes = (rows[v]["weight_bytes"] for v in list(rows)[1:])
+    assert int4_bytes < int8_bytes < float_bytes < rows["dense"]["weight_bytes"]
+    assert json.loads(out_json.read_text())["config"]["factor_bits"] == [16, 8, 4]
+    capsys.readouterr()
+    assert main(["bench", "e2e", str(model_dir), "--device", "cpu", "--factor-bits", "3"]) == 2
+    assert "factor bits must be one of [4, 8, 16], got 3" in capsys.readouterr().err
+
+
 def test_random_lowrank_has_the_ranks_keep_gives():
     model = tiny_model("gemma2")
     ranks = e2e.install_random_lowrank(model, keep=0.5, align=8, backend="torch")

@@ -214,3 +214,43 @@ def test_a_plan_over_the_memory_allowed_is_refused_before_any_work(compressed, t
     line = assert_cli_error(capsys, "compress", argv, "predicted to need", "GB allowed (--max-memory)")
     assert "error: the " in line
     assert not (tmp_path / "out").exists()
+
+
+def test_factor_bits_store_the_factors_quantized_and_eval_counts_their_bytes(compressed, tmp_path, capsys):
+    import json
+
+    model_dir, text, _ = compressed
+    out_dir = tmp_path / "out"
+    code, out, _ = run_cli(
+        capsys,
+        "compress",
+        model_dir,
+        "--keep",
+        "0.5",
+        "--calib",
+        text,
+        *TINY,
+        "--factor-bits",
+        "8",
+        "--out",
+        out_dir,
+    )
+    assert code == 0
+    assert "factors stored int8: 0.1 MB -> 0.0 MB, relative error mean 0.00" in out
+    assert checkpoint.read_metadata(out_dir)["report"]["quantization"]["factor_params"] == 15360
+    evaluate = ["--text", text, "--seq-len", "16", "--max-windows", "2", "--no-baseline"]
+    code, out, _ = run_cli(capsys, "eval", out_dir, *evaluate, "--json", "-")
+    assert code == 0
+    (row,) = json.loads(out)["rows"]
+    assert row["kind"].endswith(", factors int8)")
+    # 15,360 int8 values and one fp16 scale per output channel of each factor (16 ranks, 64 or 96 outputs)
+    per_layer = 2 * (
+        32 + 96 + 96 + 16 + 64
+    )  # gate_up_u_t 32 outputs, gate/up_v_t 96, down_u_t 16, down_v_t 64
+    assert row["quantization"]["mlp_bytes"] == 15360 + 2 * per_layer
+    assert_cli_error(
+        capsys, "eval", ["eval", out_dir, *evaluate, "--quantize", "int4"], "already stores its factors int8"
+    )
+    with pytest.raises(SystemExit):
+        run_cli(capsys, "compress", model_dir, "--factor-bits", "5", "--out", tmp_path / "x")
+    assert "invalid choice: 5 (choose from 16, 8, 4)" in capsys.readouterr().err

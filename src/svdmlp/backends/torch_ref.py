@@ -4,7 +4,8 @@ Factor layout (decided once at compression/load time, so no transpose happens at
 a dense projection ``W (out, in)`` is approximated by ``V (out, r) · U (r, in)``. Modules store
 ``u_t = Uᵀ`` with shape ``(in, r)`` and ``v_t = Vᵀ`` with shape ``(r, out)``, both row-major, so
 ``y = (x @ u_t) @ v_t``: every product is a plain ``(M, K) @ (K, N)`` GEMM whose weight operand is
-read along its contiguous dimension.
+read along its contiguous dimension. A factor may also be stored quantized
+(:class:`svdmlp.int_weights.QuantizedMatrix`), transposed as the integer kernels read it.
 
 For a gated MLP, gate and up share one read of ``x``: their shrink factors are concatenated into
 ``gate_up_u_t (hidden, r_gate + r_up)`` and the first ``r_gate`` columns belong to gate.
@@ -17,28 +18,32 @@ import torch
 from svdmlp.activations import activate
 
 
-def lowrank_linear(x: torch.Tensor, u_t: torch.Tensor, v_t: torch.Tensor) -> torch.Tensor:
+def _times(x: torch.Tensor, factor) -> torch.Tensor:
+    """``x @ factor`` for a float factor or a quantized one (:class:`svdmlp.int_weights.QuantizedMatrix`,
+    which multiplies by its own kernel)."""
+    return x @ factor if isinstance(factor, torch.Tensor) else factor.matmul(x)
+
+
+def lowrank_linear(x: torch.Tensor, u_t, v_t) -> torch.Tensor:
     """``y = (x @ u_t) @ v_t``. x: (..., in), u_t: (in, r), v_t: (r, out) -> (..., out)."""
-    return (x @ u_t) @ v_t
+    return _times(_times(x, u_t), v_t)
+
+
+def _rows(factor) -> int:
+    return factor.shape[0] if isinstance(factor, torch.Tensor) else factor.in_features
 
 
 def lowrank_gated_mlp(
-    x: torch.Tensor,
-    gate_up_u_t: torch.Tensor,
-    gate_v_t: torch.Tensor,
-    up_v_t: torch.Tensor,
-    down_u_t: torch.Tensor,
-    down_v_t: torch.Tensor,
-    activation: str,
+    x: torch.Tensor, gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t, activation: str
 ) -> torch.Tensor:
     """Low-rank gated MLP: ``down(act(gate(x)) * up(x))`` with every projection factorised.
 
     Shapes: x (..., hidden); gate_up_u_t (hidden, r_gate + r_up); gate_v_t (r_gate, inter);
     up_v_t (r_up, inter); down_u_t (inter, r_down); down_v_t (r_down, hidden) -> (..., hidden).
     """
-    r_gate = gate_v_t.shape[0]
-    strip = x @ gate_up_u_t  # (..., r_gate + r_up): one read of x for both projections
-    gate = strip[..., :r_gate] @ gate_v_t  # (..., inter)
-    up = strip[..., r_gate:] @ up_v_t  # (..., inter)
+    r_gate = _rows(gate_v_t)
+    strip = _times(x, gate_up_u_t)  # (..., r_gate + r_up): one read of x for both projections
+    gate = _times(strip[..., :r_gate], gate_v_t)  # (..., inter)
+    up = _times(strip[..., r_gate:], up_v_t)  # (..., inter)
     hidden = activate(gate, activation) * up  # (..., inter)
     return lowrank_linear(hidden, down_u_t, down_v_t)

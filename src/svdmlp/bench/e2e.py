@@ -29,6 +29,7 @@ from svdmlp.bench.timing import measure_ceilings
 from svdmlp.compression.decompose import Factors
 from svdmlp.compression.ranks import check_keep, uniform_ranks
 from svdmlp.engine import Engine
+from svdmlp.int_weights import factor_scheme
 
 # A Llama-3.2-1B-shaped model with random weights: the GPU benchmark needs no download.
 RANDOM_MODEL = "random-llama-3.2-1b"
@@ -63,6 +64,7 @@ class E2EConfig:
     hf_baseline: bool
     price_per_hour: float | None = None  # device-hour price for the cost column (--price)
     compile: bool = False  # torch.compile each engine's decode step (--compile)
+    factor_bits: tuple[int, ...] = (16,)  # each keep once per entry: 16 float factors, 8/4 quantized
 
     def __post_init__(self) -> None:
         if not self.keeps:
@@ -77,6 +79,8 @@ class E2EConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.price_per_hour is not None and self.price_per_hour <= 0:
             raise ValueError(f"the price per device-hour must be positive, got {self.price_per_hour}")
+        for bits in self.factor_bits:
+            factor_scheme(bits)  # a ValueError naming the choices
         if self.new_tokens < 2:
             raise ValueError(
                 f"new_tokens must be >= 2 (a prefill token, then decode steps), got {self.new_tokens}"
@@ -97,6 +101,7 @@ class E2EConfig:
             "hf_baseline": self.hf_baseline,
             "price_per_hour": self.price_per_hour,
             "compile": self.compile,
+            "factor_bits": list(self.factor_bits),
         }
 
 
@@ -131,11 +136,13 @@ def install_random_lowrank(model: torch.nn.Module, keep: float, align: int, back
 
 
 def streamed_bytes(model: torch.nn.Module) -> int:
-    """Bytes of weights one decode step reads: every parameter once (tied ones once), except an
-    untied input embedding, of which a step reads only its tokens' rows."""
+    """Bytes of weights one decode step reads: every weight once (tied ones once; quantized factors
+    packed, with their scales), except an untied input embedding, of which a step reads only its
+    tokens' rows."""
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding or p is head)
+    tensors = {id(t): t for t in model.state_dict(keep_vars=True).values()}  # quantized factors are buffers
+    return sum(t.numel() * t.element_size() for t in tensors.values() if t is not embedding or t is head)
 
 
 def _wall(fn: Callable[[], object], device: torch.device) -> float:
@@ -212,10 +219,15 @@ def measure_hf(variants: list[Variant], config: E2EConfig, prompt: list[int]) ->
 def build_variants(name: str | None, config: E2EConfig, log: Callable[[str], None]) -> list[Variant]:
     """The dense model and one copy per keep with random low-rank MLPs, each with its engine."""
     variants = []
-    for keep in (None, *config.keeps):
+    for keep, bits in [(None, 16)] + [(keep, bits) for keep in config.keeps for bits in config.factor_bits]:
         model = build_model(name, config.device, config.dtype)
         ranks = None if keep is None else install_random_lowrank(model, keep, config.align, config.backend)
         variant = "dense" if keep is None else f"keep {keep:g}"
+        how = factor_scheme(bits)
+        if how is not None:
+            for module in lowrank.lowrank_modules(model):
+                module.quantize_factors(how)
+            variant += f" {how.name}"
         log(f"{name or models.DEFAULT_MODEL} {variant}" + ("" if ranks is None else f": ranks {ranks}"))
         engine = Engine(
             model,

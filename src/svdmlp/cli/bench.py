@@ -175,7 +175,7 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
             "Prefill tokens/s and decode ms/step, dense vs MLPs low-rank at each --keep, with the "
             "weight-streaming floor (weight bytes / measured bandwidth). On CUDA: a Llama-3.2-1B-shaped "
             "model with random bf16 weights, plus MODEL if given; on CPU: MODEL (default: the built-in "
-            "SmolLM2-135M) in float32. Compressed variants get random factors of the right ranks."
+            "SmolLM2-135M) in float32 (--dtype to change). Compressed variants get random factors of the right ranks."
         ),
     )
     parser.add_argument(
@@ -222,11 +222,18 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
         help="torch.compile every engine's decode step (full graph, static shapes) before it is captured",
     )
     parser.add_argument(
+        "--factor-bits",
+        type=options.comma_list(int),
+        default=(16,),
+        help="comma-separated factor storage per keep: 16 (float, default), 8 or 4 (quantized, "
+        "svdmlp compress --factor-bits), e.g. 16,8 for both side by side",
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)"
     )
     options.add_json(parser, "every row, the ceilings and the environment")
     parser.add_argument("--plot", type=Path, help="write a PNG plot of decode time per variant")
-    options.add_runtime(parser, dtype=False)
+    options.add_runtime(parser)
     parser.set_defaults(run=run_e2e)
 
 
@@ -261,6 +268,7 @@ def run_e2e(args: argparse.Namespace) -> options.Outcome:
         hf_baseline=not args.no_hf,
         price_per_hour=args.price,
         compile=args.compile,
+        factor_bits=args.factor_bits,
     )
     environment = describe(device)
     print(f"bench e2e on {environment['device']['name']} ({device.type})", flush=True)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from svdmlp.cli import options
-from svdmlp.config import EFFORTS, HEALS, METHODS, CalibrationSpec, CompressConfig, LoraSpec
+from svdmlp.config import EFFORTS, FACTOR_BITS, HEALS, METHODS, CalibrationSpec, CompressConfig, LoraSpec
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -70,6 +70,15 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     options.add_lora(p, steps=None)
     p.add_argument(
+        "--factor-bits",
+        type=int,
+        choices=sorted(FACTOR_BITS, reverse=True),
+        default=16,
+        help="store the factors quantized after healing: 8 (int8, one scale per output channel) or 4 "
+        "(int4, one per 128 inputs), scales in fp16; 16 (default) keeps them in --save-dtype. Quantized "
+        "factors run on the PyTorch backend (int8: torch's int8 weight-only kernel on CPU)",
+    )
+    p.add_argument(
         "--save-dtype",
         choices=options.DTYPES,
         default="bfloat16",
@@ -119,6 +128,7 @@ def config(args: argparse.Namespace) -> CompressConfig:
         sequential=sequential,
         heal=heal,
         lora=LoraSpec(steps, args.heal_lr, args.heal_seq_len),
+        factor_bits=args.factor_bits,
     )
 
 
@@ -190,9 +200,9 @@ def run(args: argparse.Namespace) -> options.Outcome:
     print(report.layer_table(result))
     print()
     print(report.summary_line(result))
-    healing = report.heal_line(result)
-    if healing:
-        print(healing)
+    for line in (report.heal_line(result), report.quantization_line(result)):
+        if line:
+            print(line)
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result.timings.items())
     print(f"compress wall time {time.perf_counter() - started:.1f} s ({phases}); saved {path}")
     record = {

@@ -69,7 +69,17 @@ def run(args: argparse.Namespace) -> options.Outcome:
         calibration = report.calibration
         label = f"{config['method']} keep {config['keep']}"
         quantized = {}
+        if report.quantization:
+            stored = report.quantization
+            dense_mlp = report.params_after["mlp"] - stored["factor_params"]  # layers left dense, bf16
+            quantized = {"quantization": {**stored, "mlp_bytes": stored["factor_bytes"] + 2 * dense_mlp}}
+            label += f", factors {stored['scheme']}"
         if args.quantize:
+            if report.quantization:
+                raise ValueError(
+                    f"{args.target} already stores its factors {report.quantization['scheme']}; "
+                    "--quantize applies to floating-point weights"
+                )
             from svdmlp.quantize import quantize_mlp
 
             quantized = {"quantization": quantize_mlp(model, args.quantize)}

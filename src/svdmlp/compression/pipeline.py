@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from svdmlp import arch, lazy
+from svdmlp import arch, lazy, lowrank
 from svdmlp.compression import factorise, ranks, sensitivity, sequential
 from svdmlp.compression.calibration import (
     Calibration,
@@ -38,6 +38,7 @@ from svdmlp.compression.calibration import (
 from svdmlp.compression.heal import distill
 from svdmlp.compression.report import CompressionReport, LayerRecord, count_parameters
 from svdmlp.config import CompressConfig
+from svdmlp.int_weights import factor_scheme
 
 # Tokens scored per layer and candidate rank to measure its sensitivity (--allocate): the 512 that the
 # allocation was validated with on SmolLM2 (BENCHMARKS.md), in windows of at most 256 tokens and at
@@ -309,11 +310,18 @@ def compress(
         timings["healing"] = healing["seconds"]
         step_done("healing")
     del teacher  # the dense MLPs it kept
+    after = count_parameters(model, mlp_names)  # before quantization turns the factors into buffers
+    quantization = {}
+    how = factor_scheme(config.factor_bits)
+    if how is not None:
+        quantization = _quantize_factors(model, layers, how)
+        timings["quantization"] = quantization["seconds"]
+        step_done("quantization")
     finished = time.perf_counter()
     return CompressionReport(
         layers=records,
         params_before=before,
-        params_after=count_parameters(model, mlp_names),
+        params_after=after,
         seconds=finished - started,
         timings={
             "calibration": factorising - calibrated + sequential_calibration,
@@ -324,7 +332,37 @@ def compress(
         error_metric="activation-weighted" if grams_used else "weight-frobenius",
         healing=healing,
         allocation=allocation,
+        quantization=quantization,
     )
+
+
+def _quantize_factors(model: nn.Module, layers, how) -> dict:
+    """Store every compressed layer's factors quantized by ``how``, one layer at a time (a model on disk
+    writes each back); the factors' bytes before and after and their relative errors."""
+    started = time.perf_counter()
+    before = after = params = 0
+    errors = []
+    for index, layer in enumerate(layers):
+        with lazy.held(model, layer):
+            modules = lowrank.lowrank_modules(layer)
+            if not modules:
+                continue
+            before += sum(module.factor_bytes() for module in modules)
+            params += sum(p.numel() for module in modules for p in module.parameters())
+            errors += [e for module in modules for e in module.quantize_factors(how).values()]
+            after += sum(module.factor_bytes() for module in modules)
+        _store(model, layers, index)
+    return {
+        "scheme": how.name,
+        "bits": how.bits,
+        "group": how.group,
+        "factor_params": params,
+        "factor_bytes_before": before,
+        "factor_bytes": after,
+        "mean_rel_error": sum(errors) / max(len(errors), 1),
+        "max_rel_error": max(errors, default=0.0),
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def _dense_layers(model, spec, tokens, indices, outputs):

@@ -68,6 +68,10 @@ class CompressionReport:
     # layer the KL measured at the reference rank, the rank chosen and the KL predicted there; empty
     # with uniform ranks.
     allocation: dict = field(default_factory=dict)
+    # Factors stored quantized (--factor-bits 8|4): the scheme, the factors' parameters, their bytes
+    # before and after, their mean and largest relative errors (Frobenius), seconds; empty when they
+    # stay in floating point.
+    quantization: dict = field(default_factory=dict)
 
     @property
     def achieved_keep(self) -> float:
@@ -99,6 +103,7 @@ class CompressionReport:
             timings=data.get("timings", {}),
             healing=data.get("healing", {}),
             allocation=data.get("allocation", {}),
+            quantization=data.get("quantization", {}),
         )
 
 
@@ -167,6 +172,17 @@ def heal_line(report: CompressionReport) -> str:
                 )
             )
     return "\n".join(lines)
+
+
+def quantization_line(report: CompressionReport) -> str:
+    """The factors' quantization, what it saved and its error ("" when they stay in floating point)."""
+    q = report.quantization
+    if not q:
+        return ""
+    return (
+        f"factors stored {q['scheme']}: {q['factor_bytes_before'] / 1e6:.1f} MB -> {q['factor_bytes'] / 1e6:.1f} MB, "
+        f"relative error mean {q['mean_rel_error']:.4f}, largest {q['max_rel_error']:.4f}"
+    )
 
 
 def summary_line(report: CompressionReport) -> str:

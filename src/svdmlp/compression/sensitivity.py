@@ -127,7 +127,9 @@ class Probe:
         ):
             kl = sum(
                 float((p.exp() * (p - q)).sum())
-                for p, q in zip(self.dense, _log_prob_blocks(self.model, self.spec, self.windows), strict=True)
+                for p, q in zip(
+                    self.dense, _log_prob_blocks(self.model, self.spec, self.windows), strict=True
+                )
             )
         return kl / self.windows.numel()
 

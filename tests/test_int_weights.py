@@ -1,0 +1,127 @@
+"""Integer weights: the error bound of the schemes, packing, the stored matrix and its kernels against a
+float64 reference of the dequantized values, on awkward shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from svdmlp.int_weights import (
+    CLIP_RATIOS,
+    SCHEMES,
+    QuantizedMatrix,
+    dequantize,
+    factor_scheme,
+    pack_int4,
+    quantize,
+    scheme,
+    unpack_int4,
+)
+
+
+def _absmax_rtn_error(weight: torch.Tensor, how) -> torch.Tensor:
+    """Per group, the squared error of plain round-to-nearest on the absmax grid."""
+    group = weight.shape[1] if how.group is None else how.group
+    padded = torch.nn.functional.pad(weight, (0, -weight.shape[1] % group)).reshape(
+        weight.shape[0], -1, group
+    )
+    scales = (padded.abs().amax(-1, keepdim=True) / how.qmax).to(torch.float16).float()
+    q = torch.round(padded / scales).clamp(-how.qmax, how.qmax)
+    return (q * scales - padded).square().sum(-1)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+@pytest.mark.parametrize("shape", [(7, 300), (33, 128), (1, 5)])
+def test_each_group_is_no_worse_than_plain_rtn_and_unclipped_weights_within_half_a_scale(name, shape):
+    how = SCHEMES[name]
+    generator = torch.Generator().manual_seed(shape[1])
+    weight = torch.randn(shape, generator=generator) * 0.02
+    weight[0, 0] = 0.2  # an outlier, which plain absmax rounding spends its grid on
+    q, scales = quantize(weight, how)
+    assert q.dtype == torch.int8 and int(q.abs().max()) <= how.qmax
+    restored = dequantize(q, scales, shape)
+    errors = (q.float() * scales.float() - _grouped(weight, how)).square().sum(-1)
+    assert (errors <= _absmax_rtn_error(weight, how) * (1 + 1e-6)).all()
+    group = shape[1] if how.group is None else how.group
+    per_weight = scales.float().expand(-1, -1, group).reshape(shape[0], -1)[:, : shape[1]]
+    inside = weight.abs() <= how.qmax * per_weight
+    assert ((restored - weight).abs()[inside] <= per_weight[inside] / 2 * (1 + 1e-3)).all()
+
+
+def _grouped(weight, how):
+    group = weight.shape[1] if how.group is None else how.group
+    padded = torch.nn.functional.pad(weight, (0, -weight.shape[1] % group))
+    return padded.reshape(weight.shape[0], -1, group)
+
+
+def test_the_scale_search_beats_absmax_rounding_on_gaussian_weights():
+    weight = torch.randn(64, 512, generator=torch.Generator().manual_seed(0))
+    how = SCHEMES["int4"]
+    q, scales = quantize(weight, how)
+    searched = (dequantize(q, scales, tuple(weight.shape)) - weight).square().sum()
+    assert searched < 0.9 * _absmax_rtn_error(weight, how).sum()
+    assert CLIP_RATIOS[0] == 1.0  # plain absmax rounding is always a candidate
+
+
+def test_values_on_the_grid_round_trip_exactly():
+    how = SCHEMES["int4"]
+    q = torch.randint(-7, 8, (3, 256), generator=torch.Generator().manual_seed(0)).float()
+    q[:, 0], q[:, 128] = 7, 7  # each group's largest magnitude sets its scale to 1/8 exactly
+    weight = q / 8
+    restored = dequantize(*quantize(weight, how), tuple(weight.shape))
+    assert torch.equal(restored, weight)
+
+
+def test_packed_bytes_count_values_and_scales():
+    assert SCHEMES["int8"].nbytes(4096, 14336) == 4096 * 14336 + 4096 * 2
+    assert SCHEMES["int4"].nbytes(4096, 14336) == 4096 * 14336 // 2 + 4096 * 112 * 2
+    assert SCHEMES["int4"].nbytes(3, 130) == -(-3 * 130 // 2) + 3 * 2 * 2
+
+
+def test_int4_packing_round_trips_every_value():
+    q = torch.arange(-7, 8, dtype=torch.int8).repeat(4, 2)[:, :30]
+    packed = pack_int4(q)
+    assert packed.dtype == torch.uint8 and packed.shape == (4, 15)
+    assert torch.equal(unpack_int4(packed), q)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="unknown quantization 'int3'"):
+        scheme("int3")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        quantize(torch.tensor([[1.0, float("nan")]]), SCHEMES["int8"])
+    with pytest.raises(ValueError, match="2-D"):
+        quantize(torch.ones(3), SCHEMES["int8"])
+    with pytest.raises(ValueError, match=r"factor bits must be one of \[4, 8, 16\], got 3"):
+        factor_scheme(3)
+    assert factor_scheme(16) is None and factor_scheme(8) is SCHEMES["int8"]
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("k", "n", "m"), [(96, 33, 1), (100, 7, 5), (17, 40, 3), (320, 64, 130)])
+def test_products_match_float64_of_the_dequantized_matrix(name, dtype, k, n, m):
+    """K = 96 and 320 take torch's int8 kernel in bf16; 100 and 17 (not multiples of 16) the fallback."""
+    generator = torch.Generator().manual_seed(k * n + m)
+    matrix = torch.randn(k, n, generator=generator) * 0.05
+    quantized = QuantizedMatrix.of(matrix, SCHEMES[name])
+    assert (
+        quantized.values.shape == (n, k if name == "int8" else -(-k // 2))
+        and quantized.scales.dtype == torch.int16
+    )
+    assert quantized.nbytes() == SCHEMES[name].nbytes(n, k + k % 2 if name == "int4" else k)
+    x = torch.randn(m, k + 3, generator=generator).to(dtype)[:, 3:]  # rows not contiguous
+    out = torch.full((m, n), float("nan"), dtype=dtype)  # poisoned: every element must be written
+    out.copy_(quantized.matmul(x))
+    reference = x.double() @ quantized.dequantized(torch.float64).T
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.isfinite(out).all()
+    assert (out.double() - reference).abs().max() <= tolerance * reference.abs().max()
+
+
+def test_a_cast_of_the_model_never_rounds_the_scales():
+    quantized = QuantizedMatrix.of(torch.randn(64, 8) * 0.01, SCHEMES["int8"])
+    before = quantized.dequantized()
+    quantized.to(torch.bfloat16)
+    assert quantized.scales.dtype == torch.int16 and quantized.values.dtype == torch.int8
+    assert torch.equal(quantized.dequantized(), before)
