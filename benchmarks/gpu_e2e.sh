@@ -9,8 +9,10 @@
 #   OUT=/some/dir bash benchmarks/gpu_e2e.sh [MODEL]      # run from the repository root
 #
 # Then the same at batch 1 with each engine's decode step compiled (torch.compile before the graph
-# capture), cut at $COMPILE_TIMEOUT s (default 150).
-# Everything lands under $OUT: env.txt, gpu_tests.txt, e2e.txt, e2e.json, e2e.png, e2e-compiled.{txt,json}.
+# capture), cut at $COMPILE_TIMEOUT s (default 150); then keep 0.8 at batch 1 with its factors in bf16,
+# int8 and int4 (svdmlp's Triton kernel reads the packed factors), cut at $QUANT_TIMEOUT s (default 120).
+# Everything lands under $OUT: env.txt, gpu_tests.txt, e2e.txt, e2e.json, e2e.png, e2e-compiled.{txt,json},
+# e2e-quantized.{txt,json}.
 # Sized for one 8-minute command: tests are cut at $TEST_TIMEOUT s (default 90), the benchmark at
 # $BENCH_TIMEOUT s (default 330; it takes about 2-3 minutes on an H200 without MODEL).
 # The machine has no network: nothing is downloaded; svdmlp runs from this checkout.
@@ -20,6 +22,7 @@ OUT=${OUT:-bench-out}
 TEST_TIMEOUT=${TEST_TIMEOUT:-90}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-330}
 COMPILE_TIMEOUT=${COMPILE_TIMEOUT:-150}
+QUANT_TIMEOUT=${QUANT_TIMEOUT:-120}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
@@ -47,4 +50,9 @@ echo "== bench e2e with the decode step compiled, batch 1, no HF baseline (cut a
 timeout "$COMPILE_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${MODEL:+"$MODEL"} "${RUN_ARGS[@]}" --batch 1 --no-hf --compile \
     --json "$OUT/e2e-compiled.json" 2>&1 | tee "$OUT/e2e-compiled.txt"
 echo "compiled bench exit status: ${PIPESTATUS[0]} (124 = cut by the timeout)"
+
+echo "== bench e2e with the factors in bf16, int8 and int4, keep 0.8, batch 1, no HF baseline (cut at ${QUANT_TIMEOUT}s)"
+timeout "$QUANT_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${MODEL:+"$MODEL"} "${RUN_ARGS[@]}" --keep 0.8 --batch 1 --no-hf \
+    --factor-bits 16,8,4 --json "$OUT/e2e-quantized.json" 2>&1 | tee "$OUT/e2e-quantized.txt"
+echo "quantized bench exit status: ${PIPESTATUS[0]} (124 = cut by the timeout)"
 exit "$status"

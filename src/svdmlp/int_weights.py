@@ -16,6 +16,7 @@ kernels read.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -188,15 +189,31 @@ class QuantizedMatrix(nn.Module):
         return self.values.numel() * self.values.element_size() + self.scales.numel() * SCALE_BYTES
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W`` for ``x (..., K)``. On CPU with bf16/fp16 activations and one scale per channel,
-        torch's int8 weight-only kernel (it reads the int8 values, about 3.5× faster than a bf16 GEMM
-        of the same shape here); otherwise the dequantized weight in ``x``'s dtype."""
+        """``x @ W`` for ``x (..., K)``. At decode sizes on CUDA, svdmlp's Triton kernel, which reads
+        the packed values; on CPU with bf16/fp16 activations and one scale per channel, torch's int8
+        weight-only kernel (about 3.5× faster than a bf16 GEMM of the same shape here); otherwise the
+        dequantized weight in ``x``'s dtype (cuBLAS on a GPU)."""
+        if self._triton_fits(x):
+            from svdmlp.kernels.quantized_matmul import quantized_matmul
+
+            rows = x.reshape(-1, self.in_features)
+            out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype, device=x.device)
+            how = self.scheme
+            quantized_matmul(rows, self.values, self.scales, how.bits, how.group, out)
+            return out.reshape(*x.shape[:-1], self.out_features)
         if self._int8_kernel_fits(x):
             rows = x.reshape(-1, self.in_features).contiguous()  # the kernel reads rows densely
             scales = self.scales.view(torch.float16).to(x.dtype).reshape(-1)
             out = torch._weight_int8pack_mm(rows, self.values, scales)
             return out.reshape(*x.shape[:-1], self.out_features)
         return F.linear(x, self.dequantized(x.dtype))
+
+    def _triton_fits(self, x: torch.Tensor) -> bool:
+        if x.device.type != "cuda" or torch.is_grad_enabled() or importlib.util.find_spec("triton") is None:
+            return False
+        from svdmlp.kernels.configs import DECODE_MAX_TOKENS
+
+        return x.numel() // self.in_features <= DECODE_MAX_TOKENS
 
     def _int8_kernel_fits(self, x: torch.Tensor) -> bool:
         # The kernel reads past the end (NaN, or a crash) when K is not a multiple of 16 (torch 2.13),

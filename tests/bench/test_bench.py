@@ -36,6 +36,12 @@ def test_the_full_device_sweep_dry_runs(model_dir, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with tarfile.open(tmp_path / "out" / "gpu-results.tar.gz") as archive:
         names = set(archive.getnames())
-    for name in ("kernel/kernel.json", "kernel/bench.txt", "e2e/e2e.json", "e2e/e2e-compiled.json"):
+    for name in (
+        "kernel/kernel.json",
+        "kernel/bench.txt",
+        "e2e/e2e.json",
+        "e2e/e2e-compiled.json",
+        "e2e/e2e-quantized.json",
+    ):
         assert name in names, name
     assert (tmp_path / "out" / "kernel-bench.txt").stat().st_size > 0

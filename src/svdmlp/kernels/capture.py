@@ -21,10 +21,11 @@ from svdmlp.kernels.gated_expand import _gated_expand_kernel
 from svdmlp.kernels.gated_mlp import lowrank_gated_mlp
 from svdmlp.kernels.lowrank_linear import _lowrank_linear_kernel
 from svdmlp.kernels.matmul import _matmul_kernel
+from svdmlp.kernels.quantized_matmul import _quantized_matmul_kernel
 
-KERNELS = (_matmul_kernel, _gated_expand_kernel, _lowrank_linear_kernel)
+KERNELS = (_matmul_kernel, _gated_expand_kernel, _lowrank_linear_kernel, _quantized_matmul_kernel)
 LIBRARY = "library_matmul"  # the name a recorded library GEMM goes by
-_LAUNCHERS = ("matmul", "gated_expand", "lowrank_linear", "gated_mlp")
+_LAUNCHERS = ("matmul", "gated_expand", "lowrank_linear", "gated_mlp", "quantized_matmul")
 
 
 @dataclass(frozen=True)
