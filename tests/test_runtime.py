@@ -31,3 +31,14 @@ def test_cuda_without_a_gpu_and_unknown_devices_are_errors(monkeypatch):
         runtime.resolve("cuda:0")
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         runtime.resolve("tpu")
+
+
+def test_freed_memory_goes_back_to_the_system_where_glibc_allows():
+    """glibc's mallopt takes the fixed threshold; elsewhere nothing changes and the answer says so (what
+    it saves is measured in BENCHMARKS.md, not here)."""
+    import platform
+
+    from svdmlp.runtime import return_freed_memory
+
+    changed = return_freed_memory()
+    assert changed == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")

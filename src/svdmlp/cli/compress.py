@@ -167,10 +167,12 @@ def run(args: argparse.Namespace) -> options.Outcome:
 
     from svdmlp import checkpoint, models
     from svdmlp.compression import pipeline, report
+    from svdmlp.runtime import return_freed_memory
 
     compress_config = config(args)
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
     device, dtype = options.runtime(args)
+    return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
     predicted, resident_healing = _check_footprint(args, compress_config)
     started = time.perf_counter()
     save_dtype = getattr(torch, args.save_dtype)

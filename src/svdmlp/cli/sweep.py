@@ -52,8 +52,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp import corpora
     from svdmlp.evaluate import suite
+    from svdmlp.runtime import return_freed_memory
     from svdmlp.sweep import markdown, runner, speed
 
+    return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
     points = runner.plan(args.keep, args.method)
     bench = speed.load(args.bench) if args.bench else None  # checked before any work
     settings = options.eval_settings(args)
