@@ -52,3 +52,22 @@ def test_the_command_line_offers_every_scheme():
         a for a in parser._subparsers._group_actions[0].choices["eval"]._actions if a.dest == "quantize"
     )
     assert sorted(action.choices) == sorted(SCHEMES)
+
+
+def test_fake_quantized_factors_compute_what_stored_quantized_factors_compute():
+    """``eval --quantize`` on a checkpoint scores exactly the model ``compress --factor-bits`` stores."""
+    import copy
+
+    from svdmlp.bench.e2e import install_random_lowrank
+    from svdmlp.int_weights import SCHEMES
+    from svdmlp.lowrank import lowrank_modules
+
+    fake = tiny_model("qwen2")
+    install_random_lowrank(fake, keep=0.5, align=8, backend="torch")
+    stored = copy.deepcopy(fake)
+    quantize_mlp(fake, "int4")
+    for module in lowrank_modules(stored):
+        module.quantize_factors(SCHEMES["int4"])
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        torch.testing.assert_close(stored(ids).logits, fake(ids).logits, rtol=1e-5, atol=1e-6)

@@ -30,8 +30,9 @@ class _Factored(nn.Module):
     def quantize_factors(self, how: Scheme, fill: bool = True) -> dict[str, float]:
         """Replace every factor by a :class:`~svdmlp.int_weights.QuantizedMatrix` of it (``fill``
         False: an empty one of its shape, the skeleton a checkpoint load fills); the backend becomes
-        the PyTorch one, the only one that reads quantized factors yet. Returns each factor's relative
-        error (Frobenius norm), empty when not filled."""
+        the PyTorch chain, in which each quantized factor multiplies by its own kernel (svdmlp's Triton
+        one at decode on CUDA, torch's int8/int4 ones on CPU): the fused Triton MLP kernels read float
+        factors only. Returns each factor's relative error (Frobenius norm), empty when not filled."""
         if self.scheme is not None:
             raise ValueError(f"the factors are already quantized ({self.scheme.name})")
         errors = {}
@@ -151,7 +152,7 @@ def compressed_layers(model: nn.Module) -> list[nn.Module]:
 
 def set_backend(model: nn.Module, name: str = "auto") -> str:
     """Point every low-rank module of ``model`` at a backend; returns the concrete backend chosen.
-    Modules with quantized factors stay on the PyTorch backend (no Triton kernel reads them yet)."""
+    Modules with quantized factors stay on the PyTorch chain (see :meth:`_Factored.quantize_factors`)."""
     device = next(model.parameters()).device
     concrete = backends.resolve(name, device)
     for module in lowrank_modules(model):
