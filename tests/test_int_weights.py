@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from svdmlp.int_weights import (
-    CLIP_RATIOS,
     SCHEMES,
     QuantizedMatrix,
     dequantize,
@@ -19,48 +18,17 @@ from svdmlp.int_weights import (
 )
 
 
-def _absmax_rtn_error(weight: torch.Tensor, how) -> torch.Tensor:
-    """Per group, the squared error of plain round-to-nearest on the absmax grid."""
-    group = weight.shape[1] if how.group is None else how.group
-    padded = torch.nn.functional.pad(weight, (0, -weight.shape[1] % group)).reshape(
-        weight.shape[0], -1, group
-    )
-    scales = (padded.abs().amax(-1, keepdim=True) / how.qmax).to(torch.float16).float()
-    q = torch.round(padded / scales).clamp(-how.qmax, how.qmax)
-    return (q * scales - padded).square().sum(-1)
-
-
 @pytest.mark.parametrize("name", sorted(SCHEMES))
 @pytest.mark.parametrize("shape", [(7, 300), (33, 128), (1, 5)])
-def test_each_group_is_no_worse_than_plain_rtn_and_unclipped_weights_within_half_a_scale(name, shape):
+def test_every_weight_is_within_half_a_scale(name, shape):
     how = SCHEMES[name]
-    generator = torch.Generator().manual_seed(shape[1])
-    weight = torch.randn(shape, generator=generator) * 0.02
-    weight[0, 0] = 0.2  # an outlier, which plain absmax rounding spends its grid on
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(shape[1])) * 0.02
     q, scales = quantize(weight, how)
     assert q.dtype == torch.int8 and int(q.abs().max()) <= how.qmax
     restored = dequantize(q, scales, shape)
-    errors = (q.float() * scales.float() - _grouped(weight, how)).square().sum(-1)
-    assert (errors <= _absmax_rtn_error(weight, how) * (1 + 1e-6)).all()
     group = shape[1] if how.group is None else how.group
     per_weight = scales.float().expand(-1, -1, group).reshape(shape[0], -1)[:, : shape[1]]
-    inside = weight.abs() <= how.qmax * per_weight
-    assert ((restored - weight).abs()[inside] <= per_weight[inside] / 2 * (1 + 1e-3)).all()
-
-
-def _grouped(weight, how):
-    group = weight.shape[1] if how.group is None else how.group
-    padded = torch.nn.functional.pad(weight, (0, -weight.shape[1] % group))
-    return padded.reshape(weight.shape[0], -1, group)
-
-
-def test_the_scale_search_beats_absmax_rounding_on_gaussian_weights():
-    weight = torch.randn(64, 512, generator=torch.Generator().manual_seed(0))
-    how = SCHEMES["int4"]
-    q, scales = quantize(weight, how)
-    searched = (dequantize(q, scales, tuple(weight.shape)) - weight).square().sum()
-    assert searched < 0.9 * _absmax_rtn_error(weight, how).sum()
-    assert CLIP_RATIOS[0] == 1.0  # plain absmax rounding is always a candidate
+    assert ((restored - weight).abs() <= per_weight / 2 * (1 + 1e-3)).all()
 
 
 def test_values_on_the_grid_round_trip_exactly():
