@@ -133,3 +133,27 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
     pid_m = first_m_tile + (pid % tiles_per_group) % group_rows
     pid_n = (pid % tiles_per_group) // group_rows
     return pid_m, pid_n
+
+
+@triton.jit
+def gemm_tile(
+    a_ptr,
+    M,
+    N,
+    stride_am,
+    stride_ak,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """This program's tile of ``c = a @ b`` (grouped order, :func:`grouped_tile`): its rows and
+    columns, the K offsets of one step, their bounds masks, and the pointers to its first ``a`` tile."""
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    row_in = rows[:, None] < M
+    col_in = cols[None, :] < N
+    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :] * stride_ak
+    return rows, cols, ks, row_in, col_in, a_ptrs

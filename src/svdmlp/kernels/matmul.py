@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from svdmlp.kernels import common, configs
-from svdmlp.kernels.common import dot_f32, dot_precision, grouped_tile, is_interpreted
+from svdmlp.kernels.common import dot_f32, dot_precision, gemm_tile, is_interpreted
 
 
 @triton.jit
@@ -46,15 +46,9 @@ def _matmul_kernel(
     When ZERO_BLOCK > 0, each program also zeroes ZERO_BLOCK elements of ``zero_ptr``: the gated MLP
     uses this to clear the fp32 buffer that its next kernel accumulates into, saving a memset launch.
     """
-    pid = tl.program_id(0)
-    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    row_in = rows[:, None] < M
-    col_in = cols[None, :] < N
-    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :] * stride_ak
+    rows, cols, ks, row_in, col_in, a_ptrs = gemm_tile(
+        a_ptr, M, N, stride_am, stride_ak, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M
+    )
     b_ptrs = b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn
 
     acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.float32)
@@ -70,7 +64,7 @@ def _matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_in & col_in)
 
     if ZERO_BLOCK > 0:
-        zero_offsets = pid * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
+        zero_offsets = tl.program_id(0) * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
         zeros = tl.full((ZERO_BLOCK,), 0, dtype=zero_ptr.dtype.element_ty)
         tl.store(zero_ptr + zero_offsets, zeros, mask=zero_offsets < zero_numel)
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from svdmlp.kernels import configs
-from svdmlp.kernels.common import dot_f32, dot_precision, grouped_tile, is_interpreted
+from svdmlp.kernels.common import dot_f32, dot_precision, gemm_tile, is_interpreted
 
 
 @triton.jit
@@ -49,14 +49,9 @@ def _quantized_matmul_kernel(
     """One program per (BLOCK_M × BLOCK_N) tile of ``c``, K streamed in BLOCK_K steps; the integer
     values are exact in every compute dtype (|q| ≤ 127), so the dot multiplies them as they are and the
     scales come after, in fp32."""
-    pid = tl.program_id(0)
-    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
-    row_in = rows[:, None] < M
-    col_in = cols[None, :] < N
-    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :] * stride_ak
+    rows, cols, ks, row_in, col_in, a_ptrs = gemm_tile(
+        a_ptr, M, N, stride_am, stride_ak, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M
+    )
     q_rows = q_ptr + cols[None, :].to(tl.int64) * stride_qn
 
     acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.float32)
