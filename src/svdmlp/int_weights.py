@@ -27,6 +27,8 @@ from torch import nn
 from svdmlp.config import FACTOR_BITS
 
 SCALE_BYTES = 2  # fp16
+# Looked up once, not at every product of a decode step (the Triton kernel is imported when first used).
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 @dataclass(frozen=True)
@@ -207,7 +209,7 @@ class QuantizedMatrix(nn.Module):
         )
 
     def _triton_fits(self, x: torch.Tensor) -> bool:
-        if x.device.type != "cuda" or torch.is_grad_enabled() or importlib.util.find_spec("triton") is None:
+        if x.device.type != "cuda" or torch.is_grad_enabled() or not _HAS_TRITON:
             return False
         from svdmlp.kernels.configs import DECODE_MAX_TOKENS
 
