@@ -32,6 +32,13 @@ class Effort:
     heal_steps: int
     about: str
 
+    @property
+    def recipe(self) -> str:
+        """This effort's method and options as a recipe of :meth:`CompressConfig.with_recipe`."""
+        options = ["allocate"] * (self.allocation == "budget") + ["sequential"] * self.sequential
+        options += [part for part in self.heal.split("+") if part != "none"]
+        return "+".join([self.method, *options])
+
 
 EFFORTS = {
     "fast": Effort(

@@ -208,6 +208,16 @@ def test_effort_presets_fill_every_option_not_given():
     assert (plain.sequential, plain.heal, plain.allocation) == (False, "lora", "budget")
 
 
+@pytest.mark.parametrize("effort", ["fast", "default", "thorough"])
+def test_an_efforts_recipe_is_what_compress_does_with_that_effort(effort):
+    from svdmlp.config import EFFORTS, CompressConfig
+
+    given = _config("--effort", effort)
+    named = CompressConfig().with_recipe(EFFORTS[effort].recipe)
+    fields = ("method", "allocation", "sequential", "heal")
+    assert [getattr(named, f) for f in fields] == [getattr(given, f) for f in fields]
+
+
 def test_a_plan_over_the_memory_allowed_is_refused_before_any_work(compressed, tmp_path, capsys):
     model_dir, text, _ = compressed
     argv = ["compress", model_dir, "--calib", text, *TINY, "--max-memory", "0.01", "--out", tmp_path / "out"]

@@ -73,3 +73,22 @@ def test_dataset_option_errors_are_one_line(sweep_argv, wikitext, capsys):
         err = capsys.readouterr().err
         assert err.startswith("svdmlp sweep: error: ") and message in err and len(err.splitlines()) == 1
     assert not (out / "points").exists()  # every error comes before any work
+
+
+def _resolved(*argv):
+    from svdmlp.cli import build_parser
+    from svdmlp.cli.sweep import with_effort
+
+    return with_effort(build_parser().parse_args(["sweep", "--out", "x", *argv]))
+
+
+def test_with_no_method_a_sweep_runs_the_recipe_and_budgets_compress_uses():
+    from svdmlp.config import EFFORTS
+
+    default = _resolved()
+    assert default.method == (EFFORTS["default"].recipe,) == ("fisher+allocate+sequential+closed-form+lora",)
+    assert (default.calib_samples, default.heal_steps) == (16, 16)
+    fast = _resolved("--effort", "fast")
+    assert (fast.method, fast.calib_samples, fast.heal_steps) == (("fisher",), 32, 48)
+    given = _resolved("--method", "whiten,svd", "--calib-samples", "8", "--heal-steps", "3")
+    assert (given.method, given.calib_samples, given.heal_steps) == (("whiten", "svd"), 8, 3)

@@ -37,14 +37,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--layers", type=options.comma_list(int), default=None, help="decoder layer indices (default: all)"
     )
-    p.add_argument(
-        "--effort",
-        choices=EFFORTS,
-        default="default",
-        help="the recipe and budgets of every option below not given: "
-        + "; ".join(f"{name}: {effort.about}" for name, effort in EFFORTS.items())
-        + " (default: default)",
-    )
+    options.add_effort(p)
     p.add_argument(
         "--allocate",
         action=argparse.BooleanOptionalAction,

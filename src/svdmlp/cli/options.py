@@ -19,7 +19,7 @@ from pathlib import Path
 
 from svdmlp.arch import BOS_MODES
 from svdmlp.backends import BACKENDS
-from svdmlp.config import CalibrationSpec, LoraSpec
+from svdmlp.config import EFFORTS, CalibrationSpec, LoraSpec
 from svdmlp.paths import under_umask
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -78,9 +78,21 @@ def runtime(args: argparse.Namespace):
 # --- compression --------------------------------------------------------------------------------
 
 
+def add_effort(parser: argparse.ArgumentParser) -> None:
+    """``--effort``: the named budget whose recipe and budgets fill every option not given (compress, sweep)."""
+    parser.add_argument(
+        "--effort",
+        choices=EFFORTS,
+        default="default",
+        help="the recipe and budgets of every option below not given: "
+        + "; ".join(f"{name}: {effort.about}" for name, effort in EFFORTS.items())
+        + " (default: default)",
+    )
+
+
 def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32) -> None:
     """Rank alignment and the calibration text (``compress`` and ``sweep``); ``samples`` is
-    ``--calib-samples``' default (None: set later, by compress's ``--effort``)."""
+    ``--calib-samples``' default (None: set later, by ``--effort``)."""
     parser.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
     parser.add_argument(
         "--calib",
@@ -107,7 +119,7 @@ def calibration_spec(args: argparse.Namespace) -> CalibrationSpec:
 
 def add_lora(parser: argparse.ArgumentParser, steps: int | None = LoraSpec.steps) -> None:
     """The knobs of distillation healing ("lora"), shared by compress and sweep; ``steps`` is
-    ``--heal-steps``' default (None: set later, by compress's ``--effort``)."""
+    ``--heal-steps``' default (None: set later, by ``--effort``)."""
     parser.add_argument(
         "--heal-steps",
         type=int,

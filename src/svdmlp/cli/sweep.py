@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from svdmlp.cli import options
-from svdmlp.config import RECIPE_OPTIONS, CompressConfig
+from svdmlp.config import EFFORTS, RECIPE_OPTIONS, CompressConfig
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -27,22 +27,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--method",
         type=options.comma_list(),
-        default=("whiten", "svd"),
+        default=None,
         metavar="RECIPE[,RECIPE]",
         help="whiten, fisher, svd, or one of them followed by +OPTION for each of "
         f"{', '.join(RECIPE_OPTIONS)} (compress's flags), e.g. whiten+sequential+closed-form+lora; "
-        "every recipe runs at every keep (default whiten,svd)",
+        "every recipe runs at every keep (default: the recipe of --effort, which is what compress does "
+        f"with no flag: {EFFORTS['default'].recipe})",
     )
+    options.add_effort(p)
     p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
     options.add_perplexity(p, "every built-in held-out domain unless --dataset is given")
-    options.add_calibration(p)
+    options.add_calibration(p, samples=None)
     p.add_argument(
         "--bench",
         type=Path,
         metavar="FILE",
         help="a `svdmlp bench e2e --json` file: the report adds decode speedup per keep next to perplexity",
     )
-    options.add_lora(p)
+    options.add_lora(p, steps=None)
     options.add_tasks(p)
     options.add_json(p, "every point's record and the report's path")
     options.add_runtime(p)
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp.sweep import markdown, runner, speed
 
     return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
+    args = with_effort(args)
     points = runner.plan(args.keep, args.method)
     bench = speed.load(args.bench) if args.bench else None  # checked before any work
     settings = options.eval_settings(args)
@@ -78,6 +81,16 @@ def run(args: argparse.Namespace) -> options.Outcome:
         print(line)
     print(f"report: {path}")
     return options.Outcome(1 if failed else 0, {"report": str(path), "points": records, "failed": failed})
+
+
+def with_effort(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with the recipes and budgets not given taken from ``--effort``, as compress takes them."""
+    effort = EFFORTS[args.effort]
+    resolved = argparse.Namespace(**vars(args))
+    resolved.method = args.method or (effort.recipe,)
+    resolved.calib_samples = effort.calib_samples if args.calib_samples is None else args.calib_samples
+    resolved.heal_steps = effort.heal_steps if args.heal_steps is None else args.heal_steps
+    return resolved
 
 
 def command_line(args, sources: list[str]) -> str:
