@@ -11,6 +11,7 @@ from svdmlp.int_weights import (
     QuantizedMatrix,
     dequantize,
     factor_scheme,
+    gptq,
     pack_int4,
     quantize,
     scheme,
@@ -95,3 +96,38 @@ def test_a_cast_of_the_model_never_rounds_the_scales():
     quantized.to(torch.bfloat16)
     assert quantized.scales.dtype == torch.int16 and quantized.values.dtype == torch.int8
     assert torch.equal(quantized.dequantized(), before)
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_gptq_with_uncorrelated_inputs_is_round_to_nearest(name):
+    weight = torch.randn(24, 300, generator=torch.Generator().manual_seed(1))
+    q, scales = gptq(weight, torch.eye(300, dtype=torch.float64), SCHEMES[name])
+    expected_q, expected_scales = quantize(weight, SCHEMES[name])
+    assert torch.equal(q, expected_q.reshape(24, -1)[:, :300])
+    assert torch.equal(scales, expected_scales.reshape(24, -1))
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+def test_gptq_lowers_the_error_the_inputs_see(name):
+    generator = torch.Generator().manual_seed(2)
+    weight = torch.randn(40, 260, generator=generator)
+    inputs = torch.randn(2000, 260, generator=generator) @ torch.randn(260, 260, generator=generator) / 16
+    hessian = (inputs.T @ inputs).double()
+    how = SCHEMES[name]
+
+    def seen_error(q, scales):
+        """``tr(E H Eᵀ)`` of values ``(40, ≥260)`` and scales ``(40, groups, ...)``, either function's."""
+        scales = scales.reshape(40, -1).float().repeat_interleave(how.group or 260, dim=1)
+        error = (q.reshape(40, -1).float()[:, :260] * scales[:, :260] - weight).double()
+        return float(torch.trace(error @ hessian @ error.T))
+
+    q, scales = gptq(weight, hessian, how)
+    assert int(q.abs().max()) <= how.qmax
+    assert seen_error(q, scales) < 0.8 * seen_error(*quantize(weight, how))
+
+
+def test_gptq_refuses_bad_input():
+    with pytest.raises(ValueError, match=r"\(K, K\) Hessian"):
+        gptq(torch.zeros(4, 8), torch.eye(7), SCHEMES["int8"])
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        gptq(torch.full((4, 8), float("nan")), torch.eye(8), SCHEMES["int8"])

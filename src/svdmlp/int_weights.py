@@ -27,6 +27,7 @@ from torch import nn
 from svdmlp.config import FACTOR_BITS
 
 SCALE_BYTES = 2  # fp16
+_GPTQ_BLOCK = 128
 # Looked up once, not at every product of a decode step (the Triton kernel is imported when first used).
 _HAS_TRITON = importlib.util.find_spec("triton") is not None
 
@@ -76,10 +77,63 @@ def quantize(weight: torch.Tensor, how: Scheme) -> tuple[torch.Tensor, torch.Ten
     if not torch.isfinite(weight).all():
         raise ValueError("the weight holds NaN or infinite values; it cannot be quantized")
     groups = _grouped(weight.float(), how)
-    scales = (groups.abs().amax(-1, keepdim=True) / how.qmax).to(torch.float16)
-    scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # an all-zero group: any scale
+    scales = _absmax_scales(groups, how.qmax)[..., None]
     q = torch.round(groups / scales.float()).clamp(-how.qmax, how.qmax).to(torch.int8)
     return q, scales
+
+
+def gptq(weight: torch.Tensor, hessian: torch.Tensor, how: Scheme, damping: float = 0.01):
+    """``(q, scales)`` of an ``(N, K)`` weight rounded to minimise ``tr(E H Eᵀ)``, ``E`` the rounding
+    error and ``H (K, K)`` the Gram of the inputs it multiplies, rather than each entry's own error.
+
+    GPTQ (Frantar et al., 2022): the inputs are rounded one at a time, and each one's error is moved onto
+    the inputs not yet rounded along the inverse Hessian's Cholesky rows, so that correlated inputs make
+    up for it. Scales are absmax ones as in :func:`quantize`, of the row (int8) or of each group of 128
+    (int4) as the error updates have left it when the group's turn comes. ``damping`` times the mean
+    diagonal is added to ``H`` (as GPTQ does) so that it can be inverted. Returns ``q`` int8 ``(N, K)``
+    and fp16 ``scales`` ``(N, groups)``.
+    """
+    if weight.dim() != 2 or hessian.shape != (weight.shape[1], weight.shape[1]):
+        raise ValueError(
+            f"gptq needs an (N, K) weight and a (K, K) Hessian, got {tuple(weight.shape)}, "
+            f"{tuple(hessian.shape)}"
+        )
+    if not (torch.isfinite(weight).all() and torch.isfinite(hessian).all()):
+        raise ValueError("the weight or its Hessian holds NaN or infinite values; it cannot be quantized")
+    rows, cols = weight.shape
+    w = weight.double().clone()
+    h = hessian.double().clone()
+    unused = torch.diagonal(h) <= 0  # an input never seen: its weights cannot matter, round them alone
+    h[unused, unused] = 1.0
+    h += damping * torch.diagonal(h).mean() * torch.eye(cols, dtype=h.dtype, device=h.device)
+    inverse = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    block = how.group or _GPTQ_BLOCK  # error moved within a block at once, onto later blocks in one product
+    q = torch.empty(rows, cols, dtype=torch.int8, device=weight.device)
+    scales = torch.empty(rows, how.groups(cols), dtype=torch.float16, device=weight.device)
+    if how.group is None:
+        scales[:, 0] = _absmax_scales(w, how.qmax)
+    for start in range(0, cols, block):
+        end = min(start + block, cols)
+        part, errors = w[:, start:end].clone(), torch.zeros(rows, end - start, dtype=w.dtype, device=w.device)
+        group = 0 if how.group is None else start // block
+        if how.group is not None:
+            scales[:, group] = _absmax_scales(part, how.qmax)
+        scale = scales[:, group].double()
+        tail = inverse[start:end, start:end]
+        for j in range(end - start):
+            rounded = torch.round(part[:, j] / scale).clamp(-how.qmax, how.qmax)
+            q[:, start + j] = rounded.to(torch.int8)
+            errors[:, j] = (part[:, j] - rounded * scale) / tail[j, j]
+            part[:, j:] -= errors[:, j : j + 1] * tail[j : j + 1, j:]
+        w[:, end:] -= errors @ inverse[start:end, end:]
+    return q, scales
+
+
+def _absmax_scales(values: torch.Tensor, qmax: int) -> torch.Tensor:
+    """fp16 scales putting the largest magnitude along the last dimension on the grid's last step (an
+    all-zero group: any scale, 1), with that dimension dropped."""
+    scales = (values.abs().amax(-1) / qmax).to(torch.float16)
+    return torch.where(scales > 0, scales, torch.ones_like(scales))
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
@@ -131,14 +185,18 @@ class QuantizedMatrix(nn.Module):
 
     @classmethod
     @torch.no_grad()
-    def of(cls, matrix: torch.Tensor, how: Scheme) -> QuantizedMatrix:
-        """``matrix (K, N)`` quantized along its K inputs."""
+    def of(cls, matrix: torch.Tensor, how: Scheme, hessian: torch.Tensor | None = None) -> QuantizedMatrix:
+        """``matrix (K, N)`` quantized along its K inputs: each entry rounded to nearest, or, given the
+        Gram ``hessian (K, K)`` of the inputs it multiplies, rounded together by :func:`gptq`."""
         k, n = matrix.shape
         quantized = cls(k, n, how, device=matrix.device)
-        q, scales = quantize(matrix.T, how)
-        q = q.reshape(n, -1)[:, :k]
+        if hessian is None:
+            q, scales = quantize(matrix.T, how)
+            q, scales = q.reshape(n, -1)[:, :k], scales.reshape(n, -1)
+        else:
+            q, scales = gptq(matrix.T, hessian, how)
         quantized.values.copy_(q if how.bits == 8 else pack_int4(F.pad(q, (0, k % 2))))
-        quantized.scales.copy_(scales.reshape(n, -1).view(torch.int16))
+        quantized.scales.copy_(scales.view(torch.int16))
         return quantized
 
     def _values(self) -> torch.Tensor:

@@ -33,23 +33,34 @@ class _Factored(nn.Module):
         the PyTorch chain, in which each quantized factor multiplies by its own kernel (svdmlp's Triton
         one at decode on CUDA, torch's int8/int4 ones on CPU): the fused Triton MLP kernels read float
         factors only. Returns each factor's relative error (Frobenius norm), empty when not filled."""
-        if self.scheme is not None:
-            raise ValueError(f"the factors are already quantized ({self.scheme.name})")
-        errors = {}
+        self._check_float()
+        errors, quantized = {}, {}
         for name in self.FACTORS:
             factor = getattr(self, name)
             if fill:
-                quantized = QuantizedMatrix.of(factor.detach(), how)
-                restored = quantized.dequantized().T
+                quantized[name] = QuantizedMatrix.of(factor.detach(), how)
+                restored = quantized[name].dequantized().T
                 errors[name] = float(
                     (restored - factor.float()).norm() / factor.float().norm().clamp_min(1e-30)
                 )
             else:
-                quantized = QuantizedMatrix(factor.shape[0], factor.shape[1], how, device=factor.device)
-            delattr(self, name)
-            setattr(self, name, quantized)
-        self.scheme, self.backend = how, "torch"
+                quantized[name] = QuantizedMatrix(factor.shape[0], factor.shape[1], how, device=factor.device)
+        self.use_quantized(quantized, how)
         return errors
+
+    def use_quantized(self, quantized: dict[str, QuantizedMatrix], how: Scheme) -> None:
+        """Put ``quantized`` (one matrix per factor, quantized by ``how``) in place of the float factors."""
+        self._check_float()
+        if set(quantized) != set(self.FACTORS):
+            raise ValueError(f"expected quantized factors {sorted(self.FACTORS)}, got {sorted(quantized)}")
+        for name in self.FACTORS:
+            delattr(self, name)
+            setattr(self, name, quantized[name])
+        self.scheme, self.backend = how, "torch"
+
+    def _check_float(self) -> None:
+        if self.scheme is not None:
+            raise ValueError(f"the factors are already quantized ({self.scheme.name})")
 
     def factor_bytes(self) -> int:
         """Bytes of the factors as stored: packed with their scales when quantized."""

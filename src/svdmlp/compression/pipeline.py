@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from svdmlp import arch, lazy, lowrank
-from svdmlp.compression import factorise, ranks, sensitivity, sequential
+from svdmlp import arch, corpora, lazy
+from svdmlp.compression import factorise, quantized_factors, ranks, sensitivity, sequential
 from svdmlp.compression.calibration import (
     Calibration,
     config_windows,
@@ -314,7 +314,15 @@ def compress(
     quantization = {}
     how = factor_scheme(config.factor_bits)
     if how is not None:
-        quantization = _quantize_factors(model, layers, how)
+        quantization = quantized_factors.quantize_layers(
+            model,
+            spec,
+            layers,
+            how,
+            windows() if config.needs_calibration else None,  # plain SVD draws no windows
+            lambda index: _store(model, layers, index),
+            progress,
+        )
         timings["quantization"] = quantization["seconds"]
         step_done("quantization")
     finished = time.perf_counter()
@@ -336,33 +344,24 @@ def compress(
     )
 
 
-def _quantize_factors(model: nn.Module, layers, how) -> dict:
-    """Store every compressed layer's factors quantized by ``how``, one layer at a time (a model on disk
-    writes each back); the factors' bytes before and after and their relative errors."""
-    started = time.perf_counter()
-    before = after = params = 0
-    errors = []
-    for index, layer in enumerate(layers):
-        with lazy.held(model, layer):
-            modules = lowrank.lowrank_modules(layer)
-            if not modules:
-                continue
-            before += sum(module.factor_bytes() for module in modules)
-            params += sum(p.numel() for module in modules for p in module.parameters())
-            errors += [e for module in modules for e in module.quantize_factors(how).values()]
-            after += sum(module.factor_bytes() for module in modules)
-        _store(model, layers, index)
-    return {
-        "scheme": how.name,
-        "bits": how.bits,
-        "group": how.group,
-        "factor_params": params,
-        "factor_bytes_before": before,
-        "factor_bytes": after,
-        "mean_rel_error": sum(errors) / max(len(errors), 1),
-        "max_rel_error": max(errors, default=0.0),
-        "seconds": time.perf_counter() - started,
-    }
+def quantize_factors(model: nn.Module, tokenizer, config: CompressConfig, progress: bool = True) -> dict:
+    """Quantize the factors of an already compressed ``model`` (a checkpoint's) as
+    ``config.factor_bits`` says, calibrated on the windows that compressing with ``config`` drew (the
+    same sources, count, length and seed; plain SVD's: rounded to nearest); the report's ``quantization``."""
+    how = factor_scheme(config.factor_bits)
+    if how is None:
+        raise ValueError("factor bits 16 keep the factors in floating point: nothing to quantize")
+    spec = arch.of_model(model)
+    windows = None
+    if config.needs_calibration:
+        if corpora.SELF in dict(config.calibration.mixture):
+            raise ValueError(
+                "this checkpoint was calibrated on the dense model's own samples, which only the dense "
+                "model can draw: compress again with --factor-bits instead"
+            )
+        windows = config_windows(tokenizer, config, None, bos=arch.bos_token_id(spec, tokenizer))
+    layers = arch.decoder_layers(model, spec)
+    return quantized_factors.quantize_layers(model, spec, layers, how, windows, lambda index: None, progress)
 
 
 def _dense_layers(model, spec, tokens, indices, outputs):

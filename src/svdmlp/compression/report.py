@@ -179,10 +179,14 @@ def quantization_line(report: CompressionReport) -> str:
     q = report.quantization
     if not q:
         return ""
-    return (
-        f"factors stored {q['scheme']}: {q['factor_bytes_before'] / 1e6:.1f} MB -> {q['factor_bytes'] / 1e6:.1f} MB, "
-        f"relative error mean {q['mean_rel_error']:.4f}, largest {q['max_rel_error']:.4f}"
-    )
+    line = f"factors stored {q['scheme']}: {q['factor_bytes_before'] / 1e6:.1f} MB -> {q['factor_bytes'] / 1e6:.1f} MB"
+    if "output_error_mean" in q:  # calibrated: the modules' output errors, and round to nearest's
+        return (
+            f"{line}, GPTQ and refit on the calibration windows: relative output error mean "
+            f"{q['output_error_mean']:.4f} (round to nearest {q['rtn_error_mean']:.4f}), largest "
+            f"{q['output_error_max']:.4f} ({q['rtn_error_max']:.4f})"
+        )
+    return f"{line}, rounded to nearest: relative weight error mean {q['weight_error_mean']:.4f}, largest {q['weight_error_max']:.4f}"
 
 
 def summary_line(report: CompressionReport) -> str:

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from svdmlp import arch, lazy
+from svdmlp import arch, lazy, lowrank
 from svdmlp.compression.calibration import LayerGrams
 from svdmlp.compression.gram import accumulate_gram
 from svdmlp.compression.layer_inputs import Batch, capture, run_layer
@@ -95,13 +95,58 @@ def calibrated_layers(
         dense: carry the dense layers' outputs forward whatever the caller does to them: each
             layer is calibrated on the dense model (one-shot calibration, one layer at a time).
     """
+
+    def calibrate(layer, batches, index):
+        return _calibrate_layer(layer, spec, batches, index, keep_inputs)
+
+    desc = "one-shot" if dense else "sequential"
+    for index, (grams, inputs) in _walk(
+        model, spec, windows, indices, calibrate, batch_size, progress, desc, dense
+    ):
+        yield index, grams, inputs
+        del grams, inputs
+
+
+@torch.no_grad()
+def lowrank_inputs(
+    model: nn.Module,
+    spec: arch.ArchSpec,
+    windows: torch.Tensor,
+    indices: list[int],
+    batch_size: int = 4,
+    progress: bool = True,
+) -> Iterator[tuple[int, dict[nn.Module, list[torch.Tensor]]]]:
+    """Yield ``(index, inputs)`` for compressed layers ``indices`` in order: every low-rank module of the
+    layer and its input batches, on the model as the caller has changed it so far (as
+    :func:`calibrated_layers`, whose walk it shares: the caller changes the layer before the next item)."""
+
+    def taps(layer, batches, index):
+        inputs = {module: [] for module in lowrank.lowrank_modules(layer)}
+        handles = [
+            module.register_forward_pre_hook(lambda module, args: inputs[module].append(args[0]))
+            for module in inputs
+        ]
+        try:
+            for batch in batches:
+                run_layer(layer, batch.hidden, batch.kwargs[index])
+        finally:
+            for handle in handles:
+                handle.remove()
+        return inputs
+
+    yield from _walk(model, spec, windows, indices, taps, batch_size, progress, "quantization", False)
+
+
+def _walk(model, spec, windows, indices, visit, batch_size, progress, desc, dense):
+    """Carry the calibration windows through the decoder layers, yielding ``(index, visit(layer,
+    batches, index))`` at each of ``indices`` before running the layer on (``dense``: the dense
+    layer's outputs, computed before the caller changes it)."""
     if not indices:
         return
     layers = arch.decoder_layers(model, spec)
     last = max(indices)
     batches = capture(model, spec, windows, last, batch_size)
     wanted = set(indices)
-    desc = "one-shot" if dense else "sequential"
     for index in tqdm(range(last + 1), desc=desc, unit="layer", disable=not progress):
         layer = layers[index]
         with lazy.held(model, layer):  # loaded once for calibration, compression and the run
@@ -109,9 +154,7 @@ def calibrated_layers(
             if dense and index < last:  # the dense layer's outputs, before the caller compresses it
                 after = [run_layer(layer, batch.hidden, batch.kwargs[index]) for batch in batches]
             if index in wanted:
-                grams, inputs = _calibrate_layer(layer, spec, batches, index, keep_inputs)
-                yield index, grams, inputs
-                del grams, inputs
+                yield index, visit(layer, batches, index)
             if index == last:
                 break  # nothing after the last compressed layer needs its inputs
             for k, batch in enumerate(batches):
