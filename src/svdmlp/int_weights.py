@@ -7,7 +7,9 @@ Schemes, symmetric, scales in fp16 (their bytes counted):
   ``0.5 + 2/128`` bytes per weight.
 
 Values are rounded to the nearest point of the grid whose largest step holds the group's largest
-magnitude (absmax round-to-nearest, as llama.cpp's Q8_0/Q4_0 and the literature's baselines). Scales
+magnitude (absmax round-to-nearest, as llama.cpp's Q8_0/Q4_0 and the literature's baselines), or, given
+the Gram of the inputs a matrix multiplies, by :func:`gptq` on the same grid (how calibrated recipes
+store their factors: :mod:`svdmlp.compression.quantized_factors`). Scales
 that minimise each group's squared weight error instead (clipping its largest values) were measured and
 dropped: on SmolLM2-135M they left dense int4 as it was and made int4 factors much worse (×3.77 against
 ×2.58 of dense perplexity, BENCHMARKS.md), since the factors' largest entries matter most. A matrix is
