@@ -94,7 +94,7 @@ def test_a_gated_mlp_with_quantized_factors_computes_with_its_dequantized_factor
     assert module.factor_bytes() == bytes_expected < sum(64 * r + r * 112 for r in ranks.values()) * 2 / 1.9
 
 
-def test_quantized_factors_stay_on_the_pytorch_backend_and_are_quantized_once():
+def test_quantized_factors_take_the_backend_set_and_are_quantized_once():
     from svdmlp.int_weights import SCHEMES
 
     module = LowRankLinear(32, 16, 8)

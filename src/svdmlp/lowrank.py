@@ -28,11 +28,11 @@ class _Factored(nn.Module):
 
     @torch.no_grad()
     def quantize_factors(self, how: Scheme, fill: bool = True) -> dict[str, float]:
-        """Replace every factor by a :class:`~svdmlp.int_weights.QuantizedMatrix` of it (``fill``
-        False: an empty one of its shape, the skeleton a checkpoint load fills); the backend becomes
-        the PyTorch chain, in which each quantized factor multiplies by its own kernel (svdmlp's Triton
-        one at decode on CUDA, torch's int8/int4 ones on CPU): the fused Triton MLP kernels read float
-        factors only. Returns each factor's relative error (Frobenius norm), empty when not filled."""
+        """Replace every factor by a :class:`~svdmlp.int_weights.QuantizedMatrix` of it, rounded to
+        nearest (``fill`` False: an empty one of its shape, the skeleton a checkpoint load fills). Both
+        backends read them: the PyTorch chain multiplies each by its own kernel (torch's int8/int4 ones
+        on CPU), Triton's fused gated MLP reads them as stored at decode. Returns each factor's
+        relative error (Frobenius norm), empty when not filled."""
         self._check_float()
         errors, quantized = {}, {}
         for name in self.FACTORS:
@@ -56,7 +56,7 @@ class _Factored(nn.Module):
         for name in self.FACTORS:
             delattr(self, name)
             setattr(self, name, quantized[name])
-        self.scheme, self.backend = how, "torch"
+        self.scheme = how
 
     def _check_float(self) -> None:
         if self.scheme is not None:
@@ -163,11 +163,12 @@ def compressed_layers(model: nn.Module) -> list[nn.Module]:
 
 def set_backend(model: nn.Module, name: str = "auto") -> str:
     """Point every low-rank module of ``model`` at a backend; returns the concrete backend chosen.
-    Modules with quantized factors stay on the PyTorch chain (see :meth:`_Factored.quantize_factors`)."""
+    Quantized factors run on either: Triton's reads them as stored (a fused gated MLP at decode sizes,
+    :func:`svdmlp.kernels.quantized_gated_mlp`; each factor by its own kernel otherwise)."""
     device = next(model.parameters()).device
     concrete = backends.resolve(name, device)
     for module in lowrank_modules(model):
-        module.backend = concrete if module.scheme is None else "torch"
+        module.backend = concrete
     return concrete
 
 

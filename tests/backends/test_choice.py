@@ -49,3 +49,22 @@ def test_off_cuda_the_fused_kernels_run_unmeasured(fresh, monkeypatch):
     x = torch.ones(3, 4)
     assert choice.lowrank_gated_mlp(x, *(torch.ones(1, 1),) * 5, "silu") is x
     assert len(calls) == 1 and fresh == []
+
+
+def test_quantized_factors_take_the_quantized_kernels_at_decode_and_the_unfused_chain_above(
+    fresh, monkeypatch
+):
+    from svdmlp import kernels
+    from svdmlp.backends import torch_ref
+    from svdmlp.int_weights import SCHEMES, QuantizedMatrix
+
+    calls = []
+    monkeypatch.setattr(kernels, "quantized_gated_mlp", lambda *args: calls.append("fused") or args[0])
+    monkeypatch.setattr(torch_ref, "lowrank_gated_mlp", lambda *args: calls.append("unfused") or args[0])
+    monkeypatch.setattr(torch_ref, "lowrank_linear", lambda *args: calls.append("linear") or args[0])
+    factor = QuantizedMatrix.of(torch.ones(4, 4), SCHEMES["int8"])
+    for tokens in (16, 17):
+        x = torch.ones(tokens, 4)
+        assert choice.lowrank_gated_mlp(x, *(factor,) * 5, "silu") is x
+    assert choice.lowrank_linear(x, factor, factor) is x  # each factor by its own kernel, at any size
+    assert calls == ["fused", "unfused", "linear"] and fresh == []

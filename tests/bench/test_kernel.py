@@ -6,9 +6,17 @@ import pytest
 import torch
 
 from svdmlp.backends import torch_ref
-from svdmlp.bench.kernel import KernelBenchConfig, make_workload, measure_row, summarize
+from svdmlp.bench.kernel import (
+    PROVIDERS,
+    QUANTIZED,
+    KernelBenchConfig,
+    make_workload,
+    measure_row,
+    summarize,
+)
 from svdmlp.bench.timing import Ceilings
 from svdmlp.bench.workloads import compare, random_dense, weight_sets
+from svdmlp.int_weights import QuantizedMatrix
 from svdmlp.plan.shapes import MLPShape
 
 TINY = MLPShape("tiny", 32, 64, 1, "llama")
@@ -74,8 +82,28 @@ def test_a_failing_provider_is_recorded_not_fatal():
     assert summary["check_failures"] == 2 and summary["fused_vs_dense"] is None
 
 
+def test_the_quantized_variants_run_at_decode_on_their_own_factors():
+    """Stand-ins for the quantized fused op (the unfused chain on the same quantized factors)."""
+    config = cpu_config()
+    ops = {"unfused": torch_ref.lowrank_gated_mlp} | dict.fromkeys(QUANTIZED, torch_ref.lowrank_gated_mlp)
+    dense_sets = weight_sets(
+        partial(random_dense, TINY.hidden, TINY.intermediate, torch.float32, config.device), 0
+    )
+    work = make_workload(TINY, 0.8, config, dense_sets, 0, ops)
+    assert isinstance(work.sets("fused_int4")[0].gate_v_t, QuantizedMatrix)
+    ceilings = Ceilings(1e10, 1e12, 0, 0, "float32")
+    decode, above = (measure_row(work, m, config, ceilings, {}) for m in (3, 17))
+    for name in QUANTIZED:
+        assert decode["check"][name]["ok"] and decode["time_s"][name] > 0
+        assert decode["speedup"][f"{name}_vs_fused"] is None  # no fused float path on CPU
+        assert above["time_s"][name] is None and name not in above["check"]
+    assert decode["bytes"]["int4"] < decode["bytes"]["int8"] < decode["bytes"]["lowrank"]
+    summary = summarize([decode, above], (0.8,))["0.8"]
+    assert summary["fused_int8_vs_dense"]["n"] == 1 and summary["check_failures"] == 0
+
+
 def _row(model, m, dense, unfused, fused, floor=1.0):
-    times = {"dense": dense, "unfused": unfused, "fused": fused, "compiled": None}
+    times = dict.fromkeys(PROVIDERS) | {"dense": dense, "unfused": unfused, "fused": fused}
     pct = {name: None if t is None else 100 * floor / t for name, t in times.items()}
     return {
         "model": model,
@@ -89,6 +117,7 @@ def _row(model, m, dense, unfused, fused, floor=1.0):
             "fused_vs_best_baseline": min(dense, unfused) / fused,
             "backend_vs_dense": dense / min(fused, unfused),
             "compiled_vs_dense": None,
+            **{f"{name}_vs_{base}": None for name in QUANTIZED for base in ("dense", "fused")},
             "ideal": 1.25,
         },
         "check": {"fused": {"ok": True}},

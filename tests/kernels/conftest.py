@@ -29,7 +29,9 @@ def _redefine_kernels_if_compiled_for_a_gpu() -> None:
 
     if is_interpreted(sys.modules["svdmlp.kernels.matmul"]._matmul_kernel):
         return
-    for name in ("common", "configs", "matmul", "gated_expand", "lowrank_linear", "gated_mlp", ""):
+    modules = ("common", "configs", "dequantize", "matmul", "quantized_matmul", "gated_expand")
+    modules += ("quantized_gated_expand", "lowrank_linear", "gated_mlp", "quantized_gated_mlp", "")
+    for name in modules:
         module = sys.modules.get(f"svdmlp.kernels.{name}".rstrip("."))
         if module is not None:
             importlib.reload(module)

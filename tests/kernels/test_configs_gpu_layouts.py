@@ -14,10 +14,17 @@ import pytest
 import torch
 
 from svdmlp.backends import torch_ref
-from svdmlp.kernels import configs, lowrank_gated_mlp, lowrank_linear
+from svdmlp.int_weights import SCHEMES, QuantizedMatrix
+from svdmlp.kernels import configs, lowrank_gated_mlp, lowrank_linear, quantized_gated_mlp
 
 H200_SMS = 132
-TILE_FUNCTIONS = ("matmul_tiles", "gated_expand_tiles", "fused_linear_tiles", "linear_schedule")
+TILE_FUNCTIONS = (
+    "matmul_tiles",
+    "gated_expand_tiles",
+    "quantized_gated_expand_tiles",
+    "fused_linear_tiles",
+    "linear_schedule",
+)
 
 
 @pytest.fixture
@@ -62,6 +69,23 @@ def test_gated_mlp_with_h200_layouts(kh, gpu_layouts, tokens, ranks, dtype):
     kh.assert_close_to_reference(y, expected, f"M={tokens} ranks={ranks}")
 
 
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=str)
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_quantized_gated_mlp_with_h200_layouts(kh, gpu_layouts, tokens, dtype, name):
+    """Rank steps of 64 (32 in fp32) inside int4's groups of 128, the 16-row tile, the deep down loop."""
+    generator = torch.Generator().manual_seed(tokens)
+    factors = [
+        QuantizedMatrix.of(factor.float(), SCHEMES[name])
+        for factor in mlp(kh, generator, 200, 330, (136, 136, 200), torch.float32).values()
+    ]
+    x = kh.random_input(generator, (tokens, 200), dtype)
+    dequantized = [factor.dequantized(torch.float64).T for factor in factors]
+    expected = torch_ref.lowrank_gated_mlp(x.double(), *dequantized, "silu")
+    y = quantized_gated_mlp(x, *factors, "silu")
+    kh.assert_close_to_reference(y, expected, f"{name} M={tokens}")
+
+
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=str)
 @pytest.mark.parametrize(("tokens", "schedule"), [(1, None), (16, "two_stage"), (300, "fused")])
 def test_lowrank_linear_with_h200_layouts(kh, gpu_layouts, tokens, schedule, dtype):
@@ -79,3 +103,5 @@ def test_the_layouts_are_the_gpu_ones(gpu_layouts):
     assert decode.down_stages > decode.num_stages  # the down loop's own, deeper pipeline
     assert configs.gated_expand_tiles(40, 330, torch.bfloat16, H200_SMS, True, False).num_warps == 8
     assert configs.matmul_tiles(1, 330, 200, torch.bfloat16, H200_SMS, True).block_m == 16
+    quantized = configs.quantized_gated_expand_tiles(1, 330, torch.bfloat16, 4, H200_SMS, True)
+    assert (quantized.block_m, quantized.block_r) == (16, 64)

@@ -172,7 +172,8 @@ def test_kernels_compile_for_an_h200_without_spills():
     command = [sys.executable, "-m", "svdmlp.kernels.aot", "--quick"]
     result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    for kernel in ("_matmul_kernel", "_gated_expand_kernel", "_lowrank_linear_kernel"):
+    kernels = ("_matmul_kernel", "_gated_expand_kernel", "_lowrank_linear_kernel")
+    for kernel in kernels + ("_quantized_matmul_kernel", "_quantized_gated_expand_kernel"):
         assert kernel in result.stdout
 
 

@@ -6,7 +6,8 @@ CUDA outside a graph capture, both paths run a few times and the faster is kept 
 no shape runs slower than the unfused chain (cuBLAS GEMMs). Token counts share a bucket: decode
 (M ≤ 16), then each power of two. The engine's warm-up runs before it captures a graph, so the choice
 is made by then; a first call inside a capture runs the fused path without deciding. Off CUDA (the
-interpreter in the tests) the fused path always runs.
+interpreter in the tests) the fused path always runs. Quantized factors have a fused path at decode
+sizes only (the gated MLP's); elsewhere they take the unfused chain, each factor by its own kernel.
 """
 
 from __future__ import annotations
@@ -66,25 +67,51 @@ def _tokens(x: torch.Tensor) -> int:
     return x.numel() // max(1, x.shape[-1])
 
 
+def _quantized(factor) -> bool:
+    """Whether a factor is stored quantized (:class:`svdmlp.int_weights.QuantizedMatrix`)."""
+    return not isinstance(factor, torch.Tensor)
+
+
+def _shape(factor) -> tuple:
+    """A factor's part of a choice key: its shape, and its scheme when quantized."""
+    if _quantized(factor):
+        return (factor.in_features, factor.out_features, factor.scheme.name)
+    return factor.shape
+
+
 def lowrank_gated_mlp(x, gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t, activation):
-    """:func:`svdmlp.kernels.lowrank_gated_mlp`, or the unfused chain where that measured faster."""
+    """:func:`svdmlp.kernels.lowrank_gated_mlp`, or the unfused chain where that measured faster.
+
+    Quantized factors: :func:`svdmlp.kernels.quantized_gated_mlp` at decode sizes (or the unfused
+    chain, as measured); above, the unfused chain, each factor dequantized for the vendor library.
+    """
     from svdmlp import kernels
+    from svdmlp.kernels.configs import DECODE_MAX_TOKENS
 
     factors = (gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t)
+    fused = kernels.lowrank_gated_mlp
+    if _quantized(gate_up_u_t):
+        if _tokens(x) > DECODE_MAX_TOKENS:
+            return torch_ref.lowrank_gated_mlp(x, *factors, activation)
+        fused = kernels.quantized_gated_mlp
     if x.device.type != "cuda":
-        return kernels.lowrank_gated_mlp(x, *factors, activation)
-    key = ("gated_mlp", str(x.device), x.dtype, *(f.shape for f in factors), activation, bucket(_tokens(x)))
+        return fused(x, *factors, activation)
+    key = ("gated_mlp", str(x.device), x.dtype, *(_shape(f) for f in factors), activation, bucket(_tokens(x)))
     paths = {
-        "fused": lambda: kernels.lowrank_gated_mlp(x, *factors, activation),
+        "fused": lambda: fused(x, *factors, activation),
         "unfused": lambda: torch_ref.lowrank_gated_mlp(x, *factors, activation),
     }
     return paths[choose(key, paths)]()
 
 
 def lowrank_linear(x, u_t, v_t):
-    """:func:`svdmlp.kernels.lowrank_linear`, or the two torch GEMMs where they measured faster."""
+    """:func:`svdmlp.kernels.lowrank_linear`, or the two torch GEMMs where they measured faster.
+    Quantized factors: the two products of the unfused chain, each by its own kernel (svdmlp's Triton
+    one at decode sizes on CUDA)."""
     from svdmlp import kernels
 
+    if _quantized(u_t):
+        return torch_ref.lowrank_linear(x, u_t, v_t)
     if x.device.type != "cuda":
         return kernels.lowrank_linear(x, u_t, v_t)
     key = ("linear", str(x.device), x.dtype, u_t.shape, v_t.shape, bucket(_tokens(x)))

@@ -1,4 +1,5 @@
-"""``bench kernel``: the fused low-rank MLP against cuBLAS dense and the unfused PyTorch path.
+"""``bench kernel``: the fused low-rank MLP against cuBLAS dense and the unfused PyTorch path, and at
+decode sizes the fused MLP on the same factors stored int8 and int4 (``fused_int8``, ``fused_int4``).
 
 Every row is one MLP shape at one token count ``M`` and one ``keep``: the providers' median times,
 the measured ceilings, the floor ``max(bytes / bandwidth, FLOPs / peak)`` from each MLP's ideal
@@ -23,12 +24,14 @@ from svdmlp.bench.workloads import (
     compare,
     dense_mlp,
     lowrank_provider,
+    quantized_lowrank,
     random_dense,
     random_lowrank,
     rotating,
     weight_sets,
 )
 from svdmlp.cuda_graphs import capture_graph
+from svdmlp.int_weights import SCHEMES
 from svdmlp.plan.cost import floor_seconds, mlp_ideal
 from svdmlp.plan.planner import MLPRanks, mlp_ranks
 from svdmlp.plan.shapes import BUILTIN, PAPER_MODELS, SMALL_MODELS, MLPShape
@@ -43,8 +46,13 @@ CPU_TARGET_S, CPU_REPEATS = 0.05, (3, 25)
 # measured, design.md §5); sizes a shared 2-core CPU measures in a second or two.
 CUDA_CEILING_SIZES, CUDA_QUICK_CEILING_SIZES = (1 << 30, 8192), (1 << 28, 4096)
 CPU_CEILING_SIZES, CPU_QUICK_CEILING_SIZES = (1 << 27, 1024), (1 << 25, 512)
-PROVIDERS = ("fused", "dense", "unfused", "compiled")
-CHECKED = ("fused", "compiled")  # checked against the PyTorch low-rank path before timing
+PROVIDERS = ("fused", "fused_int8", "fused_int4", "dense", "unfused", "compiled")
+# The fused variants on quantized factors, by the scheme of their factors; run at decode sizes only
+# (svdmlp.kernels.configs.DECODE_MAX_TOKENS, not imported: it needs Triton).
+QUANTIZED = {"fused_int8": "int8", "fused_int4": "int4"}
+QUANTIZED_MAX_TOKENS = 16
+# Checked against the PyTorch low-rank path (on the same factors, quantized or not) before timing.
+CHECKED = ("fused", *QUANTIZED, "compiled")
 
 
 @dataclass(frozen=True)
@@ -93,19 +101,20 @@ def default_config(
     return KernelBenchConfig(device, models, tokens, keeps, dtype, align, compile, quick, budget_s)
 
 
-def fused_op(device: torch.device) -> tuple[Callable | None, str | None]:
-    """The fused Triton ``lowrank_gated_mlp`` itself (not the backend's measured choice between it and
-    the unfused chain, which is the faster of the two columns), or None and why it is not run here."""
+def fused_ops(device: torch.device) -> tuple[dict[str, Callable], str | None]:
+    """The fused Triton ops by provider name (``lowrank_gated_mlp`` itself, not the backend's measured
+    choice between it and the unfused chain, which is the faster of the two columns; the quantized
+    variants'), or none and why they are not run here."""
     if device.type != "cuda":
-        return None, "the fused Triton path needs a CUDA GPU; on CPU only the PyTorch paths are compared"
+        return {}, "the fused Triton path needs a CUDA GPU; on CPU only the PyTorch paths are compared"
     reason = triton_unavailable_reason(device)
     if reason is not None:
-        return None, reason
+        return {}, reason
     try:
         from svdmlp import kernels
     except ImportError as err:
-        return None, f"the Triton kernels failed to import: {err}"
-    return kernels.lowrank_gated_mlp, None
+        return {}, f"the Triton kernels failed to import: {err}"
+    return {"fused": kernels.lowrank_gated_mlp} | dict.fromkeys(QUANTIZED, kernels.quantized_gated_mlp), None
 
 
 def _repeats(estimate_s: float, target_s: float, bounds: tuple[int, int]) -> int:
@@ -143,6 +152,13 @@ class Workload:
     dense_sets: list
     lowrank_sets: list
     providers: dict[str, Callable]
+    quantized_sets: dict[str, list]  # by scheme name, for the providers of QUANTIZED
+
+    def sets(self, provider: str) -> list:
+        """The weight sets ``provider`` runs on."""
+        if provider == "dense":
+            return self.dense_sets
+        return self.quantized_sets[QUANTIZED[provider]] if provider in QUANTIZED else self.lowrank_sets
 
 
 def _error(err: Exception) -> str:
@@ -158,20 +174,23 @@ def measure_row(
 ) -> dict:
     """Check the low-rank providers against the PyTorch path, then time every provider at ``m``."""
     shape, device, s = work.shape, config.device, config.dtype.itemsize
-    h, i = shape.hidden, shape.intermediate
+    h, i, ranks = shape.hidden, shape.intermediate, work.ranks.as_tuple()
     x = torch.randn(m, h, device=device, dtype=config.dtype)
-    ideal = {
-        "dense": mlp_ideal(m, h, i, None, s),
-        "lowrank": mlp_ideal(m, h, i, work.ranks.as_tuple(), s),
-    }
+    ideal = {"dense": mlp_ideal(m, h, i, None, s), "lowrank": mlp_ideal(m, h, i, ranks, s)}
+    for scheme, sets in work.quantized_sets.items():
+        ideal[scheme] = mlp_ideal(m, h, i, ranks, s, weight_bytes=sets[0].nbytes)
     floors = {key: floor_seconds(t, ceilings.bandwidth, ceilings.matmul_flops) for key, t in ideal.items()}
     checks, errors, notes, times = {}, {}, {}, {}
-    ref = work.providers["unfused"](x, work.lowrank_sets[0])
-    providers = dict(work.providers)
+    providers = {
+        name: provider
+        for name, provider in work.providers.items()
+        if name not in QUANTIZED or m <= QUANTIZED_MAX_TOKENS
+    }
     for name in CHECKED:
         if name in providers:
+            sets = work.sets(name)
             try:
-                checks[name] = compare(providers[name](x, work.lowrank_sets[0]), ref)
+                checks[name] = compare(providers[name](x, sets[0]), work.providers["unfused"](x, sets[0]))
             except Exception as err:  # one provider failing on one shape must not end the sweep
                 errors[name] = _error(err)
                 del providers[name]
@@ -180,8 +199,8 @@ def measure_row(
         if name == "dense" and (shape.name, m) in dense_cache:
             times[name] = dense_cache[(shape.name, m)]
             continue
-        sets = work.dense_sets if name == "dense" else work.lowrank_sets
-        floor = floors["dense" if name == "dense" else "lowrank"]
+        sets = work.sets(name)
+        floor = floors[_floor_key(name)]
         try:
             seconds, note = time_call(rotating(provider, x, sets), device, graph, floor * len(sets))
         except Exception as err:
@@ -195,6 +214,13 @@ def measure_row(
     return _row(work, m, config, ideal, floors, times, checks, errors, notes, graph)
 
 
+def _floor_key(provider: str) -> str:
+    """The floor a provider is measured against: dense, low-rank, or low-rank with quantized factors."""
+    if provider == "dense":
+        return "dense"
+    return QUANTIZED.get(provider, "lowrank")
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None:
         return None
@@ -205,8 +231,7 @@ def _row(work, m, config, ideal, floors, times, checks, errors, notes, graph) ->
     t = {name: times.get(name) for name in PROVIDERS}
     best_baseline = min((v for v in (t["dense"], t["unfused"]) if v is not None), default=None)
     pct = {
-        name: (None if t[name] is None else 100 * floors["dense" if name == "dense" else "lowrank"] / t[name])
-        for name in PROVIDERS
+        name: (None if t[name] is None else 100 * floors[_floor_key(name)] / t[name]) for name in PROVIDERS
     }
     return {
         "model": work.shape.name,
@@ -233,6 +258,8 @@ def _row(work, m, config, ideal, floors, times, checks, errors, notes, graph) ->
             "backend_vs_dense": _ratio(t["dense"], _faster(t["fused"], t["unfused"])),
             "unfused_vs_dense": _ratio(t["dense"], t["unfused"]),
             "compiled_vs_dense": _ratio(t["dense"], t["compiled"]),
+            **{f"{name}_vs_dense": _ratio(t["dense"], t[name]) for name in QUANTIZED},
+            **{f"{name}_vs_fused": _ratio(t["fused"], t[name]) for name in QUANTIZED},
             "ideal": floors["dense"] / floors["lowrank"],
         },
         "check": checks,
@@ -263,7 +290,8 @@ def summarize(rows: list[dict], keeps: tuple[float, ...]) -> dict:
         chosen = [row for row in rows if row["keep"] == keep]
         decode = [row for row in chosen if row["m"] <= 16]
         per_keep = {"rows": len(chosen)}
-        for key in ("fused_vs_dense", "backend_vs_dense", "unfused_vs_dense", "compiled_vs_dense", "ideal"):
+        keys = ("fused_vs_dense", "backend_vs_dense", "unfused_vs_dense", "compiled_vs_dense", "ideal")
+        for key in keys + tuple(f"{name}_vs_{base}" for name in QUANTIZED for base in ("dense", "fused")):
             values = [row["speedup"][key] for row in chosen if row["speedup"][key] is not None]
             per_keep[key] = (
                 {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "n": len(values)}
@@ -300,9 +328,15 @@ def make_workload(
 ) -> Workload:
     ranks = mlp_ranks(shape, keep, config.align)
     h, i, dtype, device = shape.hidden, shape.intermediate, config.dtype, config.device
-    lowrank_sets = weight_sets(partial(random_lowrank, h, i, ranks.as_tuple(), dtype, device), cache_bytes)
+    make_lowrank = partial(random_lowrank, h, i, ranks.as_tuple(), dtype, device)
+    lowrank_sets = weight_sets(make_lowrank, cache_bytes)
+    quantized_sets = {
+        scheme: weight_sets(lambda how=SCHEMES[scheme]: quantized_lowrank(make_lowrank(), how), cache_bytes)
+        for name, scheme in QUANTIZED.items()
+        if name in ops
+    }
     providers = {"dense": dense_mlp, **{name: lowrank_provider(op) for name, op in ops.items()}}
-    return Workload(shape, keep, ranks, dense_sets, lowrank_sets, providers)
+    return Workload(shape, keep, ranks, dense_sets, lowrank_sets, providers, quantized_sets)
 
 
 def run(config: KernelBenchConfig, log: Callable[[str], None]) -> dict:
@@ -322,12 +356,10 @@ def run(config: KernelBenchConfig, log: Callable[[str], None]) -> dict:
         f"ceilings ({ceilings.dtype}): copy {ceilings.bandwidth / 1e9:.0f} GB/s, "
         f"matmul {ceilings.matmul_flops / 1e9:.0f} GFLOP/s"
     )
-    fused, reason = fused_op(device)
+    fused, reason = fused_ops(device)
     if reason:
         log(f"fused path skipped: {reason}")
-    ops = {"unfused": torch_ref.lowrank_gated_mlp}
-    if fused is not None:
-        ops["fused"] = fused
+    ops = {"unfused": torch_ref.lowrank_gated_mlp} | fused
     cache = cache_bytes(device)
     rows, skipped, dense_cache = [], [], {}
     total = len(config.models) * len(config.keeps) * len(config.tokens)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from svdmlp.bench.kernel import QUANTIZED
 from svdmlp.plots import new_figure, save_figure
 from svdmlp.tables import format_table
 
@@ -34,7 +35,10 @@ def _check(row: dict) -> str:
 def format_rows(report: dict) -> str:
     """Ours vs dense vs unfused vs floor, one line per (model, keep, M), with ratios and % of floor."""
     compiled = any(row["time_s"]["compiled"] is not None for row in report["rows"])
-    header = ["model", "keep", "M", "r g/u/d", "µs fused", "µs dense", "µs unfused"]
+    quantized = [name for name in QUANTIZED if any(row["time_s"][name] is not None for row in report["rows"])]
+    header = ["model", "keep", "M", "r g/u/d", "µs fused"]
+    header += [f"µs {name.replace('_', ' ')}" for name in quantized]
+    header += ["µs dense", "µs unfused"]
     header += ["µs compiled"] if compiled else []
     header += ["µs floor dense", "µs floor lr", "fused/dense", "fused/unfused", "unfused/dense", "ideal"]
     header += ["%floor fused", "%floor dense", "%floor unfused", "check"]
@@ -42,7 +46,7 @@ def format_rows(report: dict) -> str:
     for row in report["rows"]:
         t, sp, pct, r = row["time_s"], row["speedup"], row["pct_of_floor"], row["ranks"]
         cells = [row["model"], f"{row['keep']:g}", str(row["m"]), f"{r['gate']}/{r['up']}/{r['down']}"]
-        cells += [_us(t["fused"]), _us(t["dense"]), _us(t["unfused"])]
+        cells += [_us(t[name]) for name in ("fused", *quantized, "dense", "unfused")]
         cells += [_us(t["compiled"])] if compiled else []
         cells += [_us(row["floor_s"]["dense"]), _us(row["floor_s"]["lowrank"])]
         cells += [
@@ -73,6 +77,12 @@ def format_summary(report: dict) -> str:
         lines.append(f"  backend (faster of the two) over dense: {_stat(s['backend_vs_dense'])}")
         if s["compiled_vs_dense"] is not None:
             lines.append(f"  compiled over dense: {_stat(s['compiled_vs_dense'])}")
+        for name in QUANTIZED:
+            if s[f"{name}_vs_dense"] is not None:
+                lines.append(
+                    f"  {name.replace('_', ' ')} (M <= 16) over dense: {_stat(s[f'{name}_vs_dense'])}; "
+                    f"over fused: {_stat(s[f'{name}_vs_fused'])}"
+                )
         lines.append(f"  ideal (floor ratio): {_stat(s['ideal'])}")
         lines.append(
             f"  % of floor, all M: fused {_pct(pct['fused'])}, dense {_pct(pct['dense'])}, "
@@ -87,7 +97,9 @@ def format_summary(report: dict) -> str:
                 f"  worst fused row vs the better of dense/unfused: {worst['speedup']:.2f}x "
                 f"({worst['model']}, M={worst['m']})"
             )
-        lines.append(f"  fused/compiled outputs failing the check or raising: {s['check_failures']}")
+        lines.append(
+            f"  fused (float, int8, int4) and compiled outputs failing the check or raising: {s['check_failures']}"
+        )
     if report["skipped"]:
         lines.append(f"{len(report['skipped'])} rows skipped (time budget spent): the means above omit them")
     return "\n".join(lines)

@@ -8,6 +8,8 @@ order one (outputs of order one make bf16 error checks meaningful). Providers:
 - ``unfused``: the PyTorch reference low-rank MLP (:func:`svdmlp.backends.torch_ref.lowrank_gated_mlp`:
   ``x·[U_gate | U_up]`` as one GEMM, two expands, SiLU·mul, down shrink and expand).
 - ``fused``: the same op from the ``triton`` backend of the registry.
+- ``fused_int8``, ``fused_int4`` (decode sizes): :func:`svdmlp.kernels.quantized_gated_mlp` on the
+  factors stored quantized (:func:`quantized_lowrank`), as ``compress --factor-bits 8|4`` stores them.
 - ``compiled``: ``torch.compile`` of the reference low-rank MLP (optional).
 """
 
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from svdmlp.int_weights import QuantizedMatrix, Scheme
 
 # Rotate among copies of the weights until they span three L2 caches, so that no call finds its
 # weights still cached by the previous one: in a decoder, every other layer's weights pass through
@@ -44,17 +48,22 @@ class DenseMLP:
 
 @dataclass(frozen=True)
 class LowRankMLP:
-    gate_up_u_t: torch.Tensor  # (hidden, r_gate + r_up)
-    gate_v_t: torch.Tensor  # (r_gate, inter)
-    up_v_t: torch.Tensor  # (r_up, inter)
-    down_u_t: torch.Tensor  # (inter, r_down)
-    down_v_t: torch.Tensor  # (r_down, hidden)
+    """The factors, float tensors or all :class:`~svdmlp.int_weights.QuantizedMatrix` (same shapes)."""
+
+    gate_up_u_t: torch.Tensor | QuantizedMatrix  # (hidden, r_gate + r_up)
+    gate_v_t: torch.Tensor | QuantizedMatrix  # (r_gate, inter)
+    up_v_t: torch.Tensor | QuantizedMatrix  # (r_up, inter)
+    down_u_t: torch.Tensor | QuantizedMatrix  # (inter, r_down)
+    down_v_t: torch.Tensor | QuantizedMatrix  # (r_down, hidden)
+
+    @property
+    def factors(self) -> tuple:
+        return (self.gate_up_u_t, self.gate_v_t, self.up_v_t, self.down_u_t, self.down_v_t)
 
     @property
     def nbytes(self) -> int:
-        return sum(
-            t.nbytes for t in (self.gate_up_u_t, self.gate_v_t, self.up_v_t, self.down_u_t, self.down_v_t)
-        )
+        """Bytes as stored: quantized factors packed, with their scales."""
+        return sum(f.nbytes() if isinstance(f, QuantizedMatrix) else f.nbytes for f in self.factors)
 
 
 def _randn(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -82,6 +91,11 @@ def random_lowrank(
     )
 
 
+def quantized_lowrank(weights: LowRankMLP, how: Scheme) -> LowRankMLP:
+    """``weights`` with every factor quantized by ``how``."""
+    return LowRankMLP(*(QuantizedMatrix.of(factor, how) for factor in weights.factors))
+
+
 def weight_sets(make: Callable[[], DenseMLP | LowRankMLP], cache_bytes: int) -> list:
     """Enough copies of the weights that, taken in turn, they overflow the cache (see above)."""
     first = make()
@@ -98,7 +112,7 @@ def lowrank_provider(op: Callable[..., torch.Tensor]) -> Callable[[torch.Tensor,
     """Adapt a backend's ``lowrank_gated_mlp`` to ``(x, weights) -> y``."""
 
     def run(x: torch.Tensor, w: LowRankMLP) -> torch.Tensor:
-        return op(x, w.gate_up_u_t, w.gate_v_t, w.up_v_t, w.down_u_t, w.down_v_t, "silu")
+        return op(x, *w.factors, "silu")
 
     return run
 

@@ -25,11 +25,17 @@ from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 
-from svdmlp.kernels.capture import KERNELS, Launch, captured_launches, gated_mlp_launches, meta
+from svdmlp.kernels.capture import (
+    KERNELS,
+    QUANTIZED_LAYOUTS,
+    Launch,
+    captured_launches,
+    gated_mlp_launches,
+    meta,
+)
 from svdmlp.kernels.common import is_interpreted
 from svdmlp.kernels.configs import DECODE_MAX_TOKENS
 from svdmlp.kernels.lowrank_linear import lowrank_linear
-from svdmlp.kernels.quantized_matmul import quantized_matmul
 
 H200 = dict(capability=90, sms=132, max_shared=227 * 1024)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
@@ -83,29 +89,16 @@ def mlp_launches(
     hidden: int, inter: int, rank: int, tokens: int, dtype: torch.dtype, sms: int
 ) -> list[Launch]:
     """The Triton launches of one gated MLP (all projections at ``rank``), one low-rank linear, and (at
-    decode sizes) the shrink of one quantized factor, int8 and int4."""
-    launches = gated_mlp_launches(hidden, inter, (rank, rank, rank), tokens, dtype, sms)
+    decode sizes) one gated MLP on int8 and on int4 factors."""
+    ranks = (rank, rank, rank)
+    launches = gated_mlp_launches(hidden, inter, ranks, tokens, dtype, sms)
+    if tokens <= DECODE_MAX_TOKENS:  # above, quantized factors are dequantized for cuBLAS
+        for layout in QUANTIZED_LAYOUTS:
+            launches += gated_mlp_launches(hidden, inter, ranks, tokens, dtype, sms, quantized=layout)
     with captured_launches(sms) as linear:
         lowrank_linear(
             meta(tokens, hidden, dtype=dtype), meta(hidden, rank, dtype=dtype), meta(rank, inter, dtype=dtype)
         )
-        int8 = meta(rank, hidden, dtype=torch.int8), meta(rank, 1, dtype=torch.int16), 8, None
-        int4 = (
-            meta(rank, -(-hidden // 2), dtype=torch.uint8),
-            meta(rank, -(-hidden // 128), dtype=torch.int16),
-            4,
-            128,
-        )
-        quantized = (int8, int4) if tokens <= DECODE_MAX_TOKENS else ()  # above: dequantized, cuBLAS
-        for values, scales, bits, group in quantized:  # as svdmlp.int_weights.QuantizedMatrix stores them
-            quantized_matmul(
-                meta(tokens, hidden, dtype=dtype),
-                values,
-                scales,
-                bits,
-                group,
-                meta(tokens, rank, dtype=dtype),
-            )
     return [launch for launch in launches + linear if launch.kernel is not None]
 
 
@@ -121,7 +114,8 @@ def check_shapes(
     problems, seen = [], set()
     for hidden, inter, rank, tokens, dtype in shapes:
         for launch in mlp_launches(hidden, inter, rank, tokens, dtype, gpu["sms"]):
-            key = (launch.name, str(dtype), launch.constexprs)
+            operands = tuple(str(arg.dtype) for arg in launch.args if isinstance(arg, torch.Tensor))
+            key = (launch.name, operands, launch.constexprs)
             if key in seen:
                 continue
             seen.add(key)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 from unittest import mock
 
 import torch
@@ -21,11 +22,27 @@ from svdmlp.kernels.gated_expand import _gated_expand_kernel
 from svdmlp.kernels.gated_mlp import lowrank_gated_mlp
 from svdmlp.kernels.lowrank_linear import _lowrank_linear_kernel
 from svdmlp.kernels.matmul import _matmul_kernel
+from svdmlp.kernels.quantized_gated_expand import _quantized_gated_expand_kernel
+from svdmlp.kernels.quantized_gated_mlp import quantized_gated_mlp
 from svdmlp.kernels.quantized_matmul import _quantized_matmul_kernel
 
-KERNELS = (_matmul_kernel, _gated_expand_kernel, _lowrank_linear_kernel, _quantized_matmul_kernel)
+KERNELS = (
+    _matmul_kernel,
+    _gated_expand_kernel,
+    _lowrank_linear_kernel,
+    _quantized_matmul_kernel,
+    _quantized_gated_expand_kernel,
+)
 LIBRARY = "library_matmul"  # the name a recorded library GEMM goes by
-_LAUNCHERS = ("matmul", "gated_expand", "lowrank_linear", "gated_mlp", "quantized_matmul")
+_LAUNCHERS = (
+    "matmul",
+    "gated_expand",
+    "lowrank_linear",
+    "gated_mlp",
+    "quantized_matmul",
+    "quantized_gated_expand",
+    "quantized_gated_mlp",
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +79,7 @@ class Launch:
         shown = (
             f"{k}={v}"
             for k, v in self.constexprs
-            if k.startswith(("BLOCK", "RANK", "FUSE", "MERGED", "DOWN", "num_"))
+            if k.startswith(("BLOCK", "RANK", "FUSE", "MERGED", "DOWN", "BITS", "num_"))
         )
         return f"{self.name}({', '.join(shown)})"
 
@@ -104,6 +121,31 @@ def meta(*shape: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
+@dataclass(frozen=True)
+class QuantizedLayout:
+    """A quantization scheme as the kernels read it (of :class:`svdmlp.int_weights.Scheme`, a layer above)."""
+
+    bits: int
+    group: int | None
+
+
+# How svdmlp.int_weights.SCHEMES store factors: int8 per output channel, int4 in groups of 128.
+QUANTIZED_LAYOUTS = (QuantizedLayout(8, None), QuantizedLayout(4, 128))
+
+
+def meta_quantized(k: int, n: int, layout: QuantizedLayout) -> SimpleNamespace:
+    """A ``(K, N)`` factor stored quantized (:class:`~svdmlp.kernels.dequantize.QuantizedFactor`), on meta."""
+    width, dtype = (k, torch.int8) if layout.bits == 8 else (-(-k // 2), torch.uint8)
+    groups = 1 if layout.group is None else -(-k // layout.group)
+    return SimpleNamespace(
+        in_features=k,
+        out_features=n,
+        values=meta(n, width, dtype=dtype),
+        scales=meta(n, groups, dtype=torch.int16),
+        scheme=layout,
+    )
+
+
 def gated_mlp_launches(
     hidden: int,
     inter: int,
@@ -112,18 +154,16 @@ def gated_mlp_launches(
     dtype: torch.dtype,
     sms: int,
     schedule: str | None = None,
+    quantized: QuantizedLayout | None = None,
 ) -> list[Launch]:
-    """The launches of one low-rank gated MLP with (gate, up, down) ``ranks`` at ``tokens`` tokens."""
+    """The launches of one low-rank gated MLP with (gate, up, down) ``ranks`` at ``tokens`` tokens; with
+    ``quantized``, of :func:`~svdmlp.kernels.quantized_gated_mlp` on factors stored so (decode sizes)."""
     r_gate, r_up, r_down = ranks
+    shapes = ((hidden, r_gate + r_up), (r_gate, inter), (r_up, inter), (inter, r_down), (r_down, hidden))
+    x = meta(tokens, hidden, dtype=dtype)
     with captured_launches(sms) as launches:
-        lowrank_gated_mlp(
-            meta(tokens, hidden, dtype=dtype),
-            meta(hidden, r_gate + r_up, dtype=dtype),
-            meta(r_gate, inter, dtype=dtype),
-            meta(r_up, inter, dtype=dtype),
-            meta(inter, r_down, dtype=dtype),
-            meta(r_down, hidden, dtype=dtype),
-            "silu",
-            schedule=schedule,
-        )
+        if quantized is None:
+            lowrank_gated_mlp(x, *(meta(*shape, dtype=dtype) for shape in shapes), "silu", schedule=schedule)
+        else:
+            quantized_gated_mlp(x, *(meta_quantized(*shape, quantized) for shape in shapes), "silu")
     return list(launches)

@@ -1,4 +1,4 @@
-"""What every kernel launcher shares: input validation, buffer allocation and two `@triton.jit` helpers.
+"""What every kernel launcher shares: input validation, buffer allocation and the `@triton.jit` helpers.
 
 Kept apart from the kernels so that each kernel file holds one kernel and its launcher only.
 
@@ -157,3 +157,21 @@ def gemm_tile(
     col_in = cols[None, :] < N
     a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + ks[None, :] * stride_ak
     return rows, cols, ks, row_in, col_in, a_ptrs
+
+
+def zero_block(zero: torch.Tensor | None, programs: int) -> int:
+    """Elements of ``zero`` (contiguous) each of ``programs`` programs clears with :func:`zero_share`
+    (0: nothing to clear)."""
+    if zero is None or zero.numel() == 0:
+        return 0
+    return triton.next_power_of_2(triton.cdiv(zero.numel(), programs))
+
+
+@triton.jit
+def zero_share(zero_ptr, zero_numel, ZERO_BLOCK: tl.constexpr):
+    """Clear this program's ZERO_BLOCK elements of ``zero_ptr``: a GEMM clears the fp32 buffer that the
+    next kernel accumulates into, saving a memset launch (the gated MLPs' down strip)."""
+    if ZERO_BLOCK > 0:
+        zero_offsets = tl.program_id(0) * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
+        zeros = tl.full((ZERO_BLOCK,), 0, dtype=zero_ptr.dtype.element_ty)
+        tl.store(zero_ptr + zero_offsets, zeros, mask=zero_offsets < zero_numel)

@@ -22,6 +22,7 @@ a CPU (``python -m svdmlp.kernels.aot``); none of the speeds has been measured o
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -201,6 +202,29 @@ def gated_expand_tiles(
         return GatedExpandTiles(block_m, block_n, 64, 64, num_warps=8, num_stages=stages)
     # Two fp32 accumulators (gate, up): 128 × 64 each is 64 registers per thread at 8 warps.
     return GatedExpandTiles(pow2_clamp(m, 16, 128), pow2_clamp(n, 16, 64), 64, 64, num_warps=8, num_stages=3)
+
+
+def quantized_gated_expand_tiles(
+    m: int, n: int, dtype: torch.dtype, bits: int, sms: int, interpreted: bool
+) -> GatedExpandTiles:
+    """Tiles of the decode gated expand on ``bits``-bit factors: the float decode's with half its rank
+    step, since the dequantized V_g and V_u tiles are held in registers (the float kernel's go to
+    shared memory by asynchronous copies and stay there), and pipelines as deep as the smaller integer
+    stages need for the same bytes in flight. sm_90 compiles, 16-bit, ranks a multiple of 32 (rows of
+    whole vectors): 66-119 registers; rank 1911 (byte loads): 226-254, no spills."""
+    tiles = gated_expand_tiles(m, n, dtype, sms, interpreted, decode=True)
+    if interpreted:
+        return tiles
+    block_r = tiles.block_r // 2
+    down_stage = tiles.block_n * tiles.block_rd * bits // 8
+    down_stages = streaming_stages(down_stage, down_stage)
+    if dtype.itemsize == 4:
+        # fp32's FMA dots hold their operands in registers too: 8 warps share them and 2 stages leave
+        # room (sm_90 compiles: 4 warps spill ~600 B at rank 1911, 4 stages 8 B at rank 1024).
+        return dataclasses.replace(tiles, block_r=block_r, num_warps=8, num_stages=2, down_stages=down_stages)
+    weight_stage = 2 * block_r * tiles.block_n * bits // 8
+    stages = streaming_stages(weight_stage, weight_stage + 2 * 16 * block_r * dtype.itemsize, most=4)
+    return dataclasses.replace(tiles, block_r=block_r, num_stages=stages, down_stages=down_stages)
 
 
 def fused_linear_tiles(

@@ -21,6 +21,23 @@ from svdmlp.kernels.matmul import matmul, plain_gemm
 SCHEDULES = ("decode", "prefill")
 
 
+FACTORS = ("gate_up_u_t", "gate_v_t", "up_v_t", "down_u_t", "down_v_t")
+
+
+def check_gated_shapes(op: str, hidden: int, shapes: dict[str, tuple[int, int]]) -> None:
+    """Raise ValueError, naming the offending dimensions, unless the factors' ``(K, N)`` shapes (by the
+    names of :data:`FACTORS`) fit together and with ``x``'s ``hidden``."""
+    gate_up, gate_v, up_v, down_u, down_v = (shapes[name] for name in FACTORS)
+    check_inner(op, "x.shape[-1] (hidden)", hidden, "gate_up_u_t.shape[0]", gate_up[0])
+    check_inner(
+        op, "gate_up_u_t.shape[1]", gate_up[1], "r_gate + r_up (gate_v_t, up_v_t rows)", gate_v[0] + up_v[0]
+    )
+    check_inner(op, "gate_v_t.shape[1] (inter)", gate_v[1], "up_v_t.shape[1]", up_v[1])
+    check_inner(op, "down_u_t.shape[0]", down_u[0], "inter (gate_v_t.shape[1])", gate_v[1])
+    check_inner(op, "down_u_t.shape[1] (rank)", down_u[1], "down_v_t.shape[0]", down_v[0])
+    check_inner(op, "down_v_t.shape[1]", down_v[1], "hidden (x.shape[-1])", hidden)
+
+
 def check_gated_mlp(
     x: torch.Tensor,
     gate_up_u_t: torch.Tensor,
@@ -33,17 +50,9 @@ def check_gated_mlp(
     """Raise ValueError, naming the offending shapes/dtypes/devices, unless the factors fit together."""
     op = "lowrank_gated_mlp"
     check_activation(activation, op)
-    factors = {"gate_up_u_t": gate_up_u_t, "gate_v_t": gate_v_t, "up_v_t": up_v_t}
-    check_inputs(op, x, factors | {"down_u_t": down_u_t, "down_v_t": down_v_t})
-    check_inner(op, "x.shape[-1] (hidden)", x.shape[-1], "gate_up_u_t.shape[0]", gate_up_u_t.shape[0])
-    r_gate_up = gate_v_t.shape[0] + up_v_t.shape[0]
-    check_inner(
-        op, "gate_up_u_t.shape[1]", gate_up_u_t.shape[1], "r_gate + r_up (gate_v_t, up_v_t rows)", r_gate_up
-    )
-    check_inner(op, "gate_v_t.shape[1] (inter)", gate_v_t.shape[1], "up_v_t.shape[1]", up_v_t.shape[1])
-    check_inner(op, "down_u_t.shape[0]", down_u_t.shape[0], "inter (gate_v_t.shape[1])", gate_v_t.shape[1])
-    check_inner(op, "down_u_t.shape[1] (rank)", down_u_t.shape[1], "down_v_t.shape[0]", down_v_t.shape[0])
-    check_inner(op, "down_v_t.shape[1]", down_v_t.shape[1], "hidden (x.shape[-1])", x.shape[-1])
+    factors = dict(zip(FACTORS, (gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t), strict=True))
+    check_inputs(op, x, factors)
+    check_gated_shapes(op, x.shape[-1], {name: tuple(factor.shape) for name, factor in factors.items()})
 
 
 def lowrank_gated_mlp(

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from svdmlp.kernels import common, configs
-from svdmlp.kernels.common import dot_f32, dot_precision, gemm_tile, is_interpreted
+from svdmlp.kernels.common import dot_f32, dot_precision, gemm_tile, is_interpreted, zero_block, zero_share
 
 
 @triton.jit
@@ -43,8 +43,7 @@ def _matmul_kernel(
     spread over all SMs. ``a`` may be fp32 (the decode down strip, summed with atomics) and is
     rounded to the factor dtype like torch's intermediate, so that 16-bit dots use tensor cores.
 
-    When ZERO_BLOCK > 0, each program also zeroes ZERO_BLOCK elements of ``zero_ptr``: the gated MLP
-    uses this to clear the fp32 buffer that its next kernel accumulates into, saving a memset launch.
+    When ZERO_BLOCK > 0, each program also zeroes ZERO_BLOCK elements of ``zero_ptr`` (:func:`zero_share`).
     """
     rows, cols, ks, row_in, col_in, a_ptrs = gemm_tile(
         a_ptr, M, N, stride_am, stride_ak, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M
@@ -62,11 +61,7 @@ def _matmul_kernel(
 
     c_ptrs = c_ptr + rows[:, None].to(tl.int64) * stride_cm + cols[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_in & col_in)
-
-    if ZERO_BLOCK > 0:
-        zero_offsets = tl.program_id(0) * ZERO_BLOCK + tl.arange(0, ZERO_BLOCK)
-        zeros = tl.full((ZERO_BLOCK,), 0, dtype=zero_ptr.dtype.element_ty)
-        tl.store(zero_ptr + zero_offsets, zeros, mask=zero_offsets < zero_numel)
+    zero_share(zero_ptr, zero_numel, ZERO_BLOCK)
 
 
 def matmul(
@@ -82,8 +77,6 @@ def matmul(
     interpreted = is_interpreted(_matmul_kernel)
     tiles = configs.matmul_tiles(m, n, k, b.dtype, configs.sm_count(b.device), interpreted)
     programs = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
-    zero_numel = 0 if zero is None else zero.numel()
-    zero_block = triton.next_power_of_2(triton.cdiv(zero_numel, programs)) if zero_numel else 0
     _matmul_kernel[(programs,)](
         a,
         b,
@@ -92,7 +85,7 @@ def matmul(
         m,
         n,
         k,
-        zero_numel,
+        0 if zero is None else zero.numel(),
         a.stride(0),
         a.stride(1),
         b.stride(0),
@@ -103,7 +96,7 @@ def matmul(
         BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k,
         GROUP_M=tiles.group_m,
-        ZERO_BLOCK=zero_block,
+        ZERO_BLOCK=zero_block(zero, programs),
         UPCAST_DOT=interpreted,
         PRECISION=dot_precision(b.dtype),
         num_warps=tiles.num_warps,

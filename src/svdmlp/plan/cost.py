@@ -114,18 +114,26 @@ def mlp_weight_elements(hidden: int, intermediate: int, ranks: tuple[int, int, i
     return sum(ranks) * (hidden + intermediate)
 
 
-def mlp_ideal(m: int, hidden: int, intermediate: int, ranks: tuple[int, int, int] | None, s: int) -> Traffic:
+def mlp_ideal(
+    m: int,
+    hidden: int,
+    intermediate: int,
+    ranks: tuple[int, int, int] | None,
+    s: int,
+    weight_bytes: int | None = None,
+) -> Traffic:
     """The floor's traffic for a gated MLP: x read once, weights once, output written once.
 
     Intermediates never touch HBM and nothing is re-read: the least any implementation can move.
     ``ranks=None`` is the dense MLP; FLOPs are those of its three (or six) matrix products.
+    ``weight_bytes``: the weights' bytes as stored, when not ``s`` per weight (quantized factors).
     """
     weights = mlp_weight_elements(hidden, intermediate, ranks)
     if ranks is None:
         flops = 2 * m * 3 * hidden * intermediate
     else:
         flops = 2 * m * weights
-    return Traffic(s * (2 * m * hidden + weights), flops, 0)
+    return Traffic(s * 2 * m * hidden + (s * weights if weight_bytes is None else weight_bytes), flops, 0)
 
 
 def floor_seconds(traffic: Traffic, bandwidth: float, peak_flops: float) -> float:
