@@ -41,27 +41,26 @@ def quantize_layers(
     totals = {"before": 0, "after": 0, "params": 0}
     errors: list[dict[str, float]] = []
 
-    def count(modules, key):
-        totals[key] += sum(module.factor_bytes() for module in modules)
+    def tally(modules, quantize) -> None:
+        """Quantize ``modules`` (``quantize(module)``: its error records), counting their bytes."""
+        totals["before"] += sum(module.factor_bytes() for module in modules)
+        totals["params"] += sum(p.numel() for module in modules for p in module.parameters())
+        for module in modules:
+            errors.extend(quantize(module))
+        totals["after"] += sum(module.factor_bytes() for module in modules)
 
     indices = [i for i, layer in enumerate(layers) if _has_lowrank(model, layer)]
     if windows is None:
         for index in indices:
             with lazy.held(model, layers[index]):
                 modules = lowrank.lowrank_modules(layers[index])
-                count(modules, "before")
-                totals["params"] += sum(p.numel() for module in modules for p in module.parameters())
-                errors += [{"weight": e} for module in modules for e in module.quantize_factors(how).values()]
-                count(modules, "after")
+                tally(modules, lambda m: [{"weight": e} for e in m.quantize_factors(how).values()])
             store(index)
     else:
         previous = None
         for index, inputs in sequential.lowrank_inputs(model, spec, windows, indices, progress=progress):
             store(previous)  # it has run on the calibration windows as quantized: written, dropped
-            count(inputs, "before")
-            totals["params"] += sum(p.numel() for module in inputs for p in module.parameters())
-            errors += [_quantize_calibrated(module, batches, how) for module, batches in inputs.items()]
-            count(inputs, "after")
+            tally(list(inputs), lambda m, inputs=inputs: [_quantize_calibrated(m, inputs[m], how)])
             previous = index
         store(previous)
     report = {
