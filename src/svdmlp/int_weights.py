@@ -92,8 +92,8 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, how: Scheme, damping: floa
     the inputs not yet rounded along the inverse Hessian's Cholesky rows, so that correlated inputs make
     up for it. Scales are absmax ones as in :func:`quantize`, of the row (int8) or of each group of 128
     (int4) as the error updates have left it when the group's turn comes. ``damping`` times the mean
-    diagonal is added to ``H`` (as GPTQ does) so that it can be inverted. Returns ``q`` int8 ``(N, K)``
-    and fp16 ``scales`` ``(N, groups)``.
+    diagonal is added to ``H`` (as GPTQ does) so that it can be inverted. Returns ``(q, scales)`` in
+    :func:`quantize`'s form.
     """
     if weight.dim() != 2 or hessian.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(
@@ -128,7 +128,8 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, how: Scheme, damping: floa
             errors[:, j] = (part[:, j] - rounded * scale) / tail[j, j]
             part[:, j:] -= errors[:, j : j + 1] * tail[j : j + 1, j:]
         w[:, end:] -= errors @ inverse[start:end, end:]
-    return q, scales
+    group = cols if how.group is None else how.group
+    return F.pad(q, (0, -cols % group)).reshape(rows, -1, group), scales[..., None]
 
 
 def _absmax_scales(values: torch.Tensor, qmax: int) -> torch.Tensor:
@@ -192,13 +193,10 @@ class QuantizedMatrix(nn.Module):
         Gram ``hessian (K, K)`` of the inputs it multiplies, rounded together by :func:`gptq`."""
         k, n = matrix.shape
         quantized = cls(k, n, how, device=matrix.device)
-        if hessian is None:
-            q, scales = quantize(matrix.T, how)
-            q, scales = q.reshape(n, -1)[:, :k], scales.reshape(n, -1)
-        else:
-            q, scales = gptq(matrix.T, hessian, how)
+        q, scales = quantize(matrix.T, how) if hessian is None else gptq(matrix.T, hessian, how)
+        q = q.reshape(n, -1)[:, :k]
         quantized.values.copy_(q if how.bits == 8 else pack_int4(F.pad(q, (0, k % 2))))
-        quantized.scales.copy_(scales.view(torch.int16))
+        quantized.scales.copy_(scales.reshape(n, -1).view(torch.int16))
         return quantized
 
     def _values(self) -> torch.Tensor:

@@ -195,6 +195,23 @@ def test_eval_dense_model_quantized(compressed, capsys):
     assert factors["quantization"]["mlp_bytes"] < 0.6 * factors["quantization"]["mlp_bytes_bf16"]
 
 
+def test_eval_dense_model_rounded_by_gptq(compressed, capsys):
+    model_dir, text, ckpt = compressed
+    calib = ["--calib", text, "--calib-samples", "4", "--calib-seq-len", "32"]
+    argv = ["eval", model_dir, "--text", text, *EVAL, "--quantize", "int4", *calib, "--json", "-"]
+    code, out, _ = run_cli(capsys, *argv, "--gptq")
+    assert code == 0
+    dense, gptq = json.loads(out)["rows"]
+    assert gptq["kind"] == "dense, MLP int4 GPTQ" and gptq["quantization"]["method"] == "gptq"
+    assert gptq["quantization"]["calibration_tokens"] == 4 * 32
+    code, out, _ = run_cli(capsys, *argv)
+    _, rtn = json.loads(out)["rows"]
+    assert gptq["quantization"]["mlp_bytes"] == rtn["quantization"]["mlp_bytes"]
+    assert gptq["perplexity"] != rtn["perplexity"]
+    assert_cli_error(capsys, "eval", ["eval", model_dir, "--gptq"], "give --quantize int8 or int4")
+    assert_cli_error(capsys, "eval", ["eval", ckpt, "--quantize", "int4", "--gptq"], "svdmlp quantize")
+
+
 def test_eval_no_baseline(compressed, capsys):
     _, text, ckpt = compressed
     code, out, _ = run_cli(capsys, "eval", ckpt, "--text", text, *EVAL, "--no-baseline", "--json", "-")

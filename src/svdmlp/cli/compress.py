@@ -26,6 +26,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="whiten: activation-aware SVD; fisher: the same, the error also weighted by the dense model's "
         "output-gradient (Fisher) Grams; svd: plain SVD (default: as --effort says)",
     )
+    options.add_align(p)
     options.add_calibration(p, samples=None)
     p.add_argument("--seed", type=int, default=0, help="seeds the choice of calibration windows (default 0)")
     p.add_argument(

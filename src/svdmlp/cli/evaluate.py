@@ -6,6 +6,7 @@ import argparse
 import gc
 
 from svdmlp.cli import options
+from svdmlp.config import EFFORTS, CompressConfig
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -26,6 +27,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "of 128; fp16 scales): a dense model is scored beside its quantized self (the baseline to "
         "compare compression with at equal bytes), a checkpoint with its factors quantized",
     )
+    p.add_argument(
+        "--gptq",
+        action="store_true",
+        help="with --quantize on a dense model: round by GPTQ instead, calibrated on --calib (by default "
+        "the windows compress draws with no flag): the calibrated baseline",
+    )
+    options.add_calibration(p, samples=EFFORTS["default"].calib_samples, what=" of --gptq")
     options.add_json(p, "every row, the protocol and the versions")
     options.add_runtime(p)
     p.set_defaults(run=run)
@@ -36,6 +44,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp.compression.report import CompressionReport, count_parameters
     from svdmlp.evaluate import suite
 
+    if args.gptq and not args.quantize:
+        raise ValueError("--gptq chooses how --quantize rounds: give --quantize int8 or int4")
     settings = options.eval_settings(args)
     # Tasks alone ask for no perplexity: the default texts apply only when nothing else is asked for.
     sources = options.eval_sources(args, () if args.tasks else corpora.HELDOUT_SOURCES)
@@ -51,13 +61,19 @@ def run(args: argparse.Namespace) -> options.Outcome:
         )
         rows[-1].update(suite.score(model, tokenizer, texts, settings, "dense"))
         if args.quantize:
-            from svdmlp.quantize import quantize_mlp
+            if args.gptq:
+                from svdmlp.compression.quantized_dense import quantize_dense_mlps
 
-            quantization = quantize_mlp(model, args.quantize)
+                calibration_config = CompressConfig(calibration=options.calibration_spec(args))
+                quantization = quantize_dense_mlps(model, tokenizer, args.quantize, calibration_config)
+            else:
+                from svdmlp.quantize import quantize_mlp
+
+                quantization = quantize_mlp(model, args.quantize)
             rows.append(
                 {
                     "model": rows[0]["model"],
-                    "kind": f"dense, MLP {args.quantize} RTN",
+                    "kind": f"dense, MLP {args.quantize} {'GPTQ' if args.gptq else 'RTN'}",
                     "params": counts["total"],
                     "quantization": quantization,
                     **suite.score(model, tokenizer, texts, settings, args.quantize),
@@ -74,6 +90,11 @@ def run(args: argparse.Namespace) -> options.Outcome:
             dense_mlp = report.params_after["mlp"] - stored["factor_params"]  # layers left dense, bf16
             quantized = {"quantization": {**stored, "mlp_bytes": stored["factor_bytes"] + 2 * dense_mlp}}
             label += f", factors {stored['scheme']}"
+        if args.gptq:
+            raise ValueError(
+                "--gptq rounds a dense model's MLP; a checkpoint's factors are stored calibrated by "
+                f"svdmlp quantize {args.target} --factor-bits 8|4 --out DIR"
+            )
         if args.quantize:
             if report.quantization:
                 raise ValueError(

@@ -90,17 +90,21 @@ def add_effort(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32) -> None:
-    """Rank alignment and the calibration text (``compress`` and ``sweep``); ``samples`` is
-    ``--calib-samples``' default (None: set later, by ``--effort``)."""
+def add_align(parser: argparse.ArgumentParser) -> None:
+    """``--align``: rank alignment (``compress`` and ``sweep``)."""
     parser.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
+
+
+def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32, what: str = "") -> None:
+    """The calibration text (``compress``, ``sweep``, and ``eval --gptq``, whose help says ``what`` it is
+    for); ``samples`` is ``--calib-samples``' default (None: set later, by ``--effort``)."""
     parser.add_argument(
         "--calib",
         default="general",
         metavar="SOURCE[:WEIGHT],...",
-        help="calibration text: 'general' (default: the five built-in domains shakespeare, gsm8k, python, "
-        "prose, chat at equal weights), one of them, or a file; a comma-separated list with weights mixes "
-        "them, e.g. general:3,notes.txt:1",
+        help=f"calibration text{what}: 'general' (default: the five built-in domains shakespeare, gsm8k, "
+        "python, prose, chat at equal weights), one of them, or a file; a comma-separated list with weights "
+        "mixes them, e.g. general:3,notes.txt:1",
     )
     parser.add_argument(
         "--calib-samples",

@@ -37,6 +37,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     options.add_effort(p)
     p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
     options.add_perplexity(p, "every built-in held-out domain unless --dataset is given")
+    options.add_align(p)
     options.add_calibration(p, samples=None)
     p.add_argument(
         "--bench",

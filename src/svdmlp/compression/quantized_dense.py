@@ -1,0 +1,58 @@
+"""A dense model's MLP weights rounded by GPTQ on calibration windows, in place, for evaluation: the
+calibrated baseline that compression is compared with (:mod:`svdmlp.quantize` rounds to nearest).
+
+Fake quantization, as there: each weight is replaced by the value its integers stand for, which is what
+an int8/int4 kernel would multiply by; the bytes counted are the packed ones. Layers go one at a time,
+each on the hidden states of the layers before it as already rounded (:func:`sequential.calibrated_layers`):
+gate and up with the Gram of the MLP's input, down with the Gram of its own input.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from svdmlp import arch
+from svdmlp.compression import sequential
+from svdmlp.compression.calibration import config_windows
+from svdmlp.config import CompressConfig
+from svdmlp.int_weights import dequantize, gptq, scheme
+
+
+@torch.no_grad()
+def quantize_dense_mlps(
+    model: nn.Module, tokenizer, name: str, config: CompressConfig | None = None, progress: bool = True
+) -> dict:
+    """Round every MLP weight of the dense ``model`` by GPTQ (scheme ``name``) on the calibration windows
+    ``config`` names (default: what ``svdmlp compress`` draws with no flag); what it cost, as
+    :func:`svdmlp.quantize.quantize_mlp` reports it, and the calibration tokens used."""
+    how = scheme(name)
+    config = config or CompressConfig()
+    spec = arch.of_model(model)
+    windows = config_windows(tokenizer, config, None, bos=arch.bos_token_id(spec, tokenizer))
+    layers = arch.decoder_layers(model, spec)
+    quantized = bf16 = 0
+    worst = 0.0
+    walk = sequential.calibrated_layers(model, spec, windows, list(range(len(layers))), progress=progress)
+    for index, grams, _ in walk:
+        mlp = getattr(layers[index], spec.mlp)
+        for projection in arch.PROJECTIONS:
+            weight = getattr(mlp, spec.projection(projection)).weight
+            q, scales = gptq(weight.float(), grams.input_gram(projection), how)
+            restored = dequantize(q, scales, tuple(weight.shape))
+            worst = max(
+                worst, float((restored - weight.float()).norm() / weight.float().norm().clamp_min(1e-30))
+            )
+            weight.copy_(restored.to(weight.dtype))
+            quantized += how.nbytes(*weight.shape)
+            bf16 += 2 * weight.numel()
+    return {
+        "scheme": how.name,
+        "bits": how.bits,
+        "group": how.group,
+        "method": "gptq",
+        "calibration_tokens": windows.numel(),
+        "mlp_bytes": quantized,
+        "mlp_bytes_bf16": bf16,
+        "max_rel_error": worst,
+    }
