@@ -3,12 +3,14 @@
     python benchmarks/memory_quality.py DENSE_EVAL.json OUT.png LABEL=FILE[@ROW] [LABEL=FILE[@ROW] ...]
 
 ``DENSE_EVAL.json`` is an ``svdmlp eval --json`` file whose first row is the dense model, scored on the
-same texts as every point. Each point is a row of an eval file (the last unless ``@ROW`` gives its
-index). Its MLP bytes: the packed bytes of a quantized row (``--quantize``), else two per MLP parameter
-(bf16, as checkpoints are saved); the dense model's own point is its first row at 2 bytes per MLP
-parameter, which ``--dense-mlp-params N`` gives when the file does not. Prints a Markdown table (bytes,
-each text's ratio to dense, the geometric means over the built-in domains and over all texts) and draws
-the geometric mean over all texts against the MLP megabytes.
+texts of every point. Each point is a row of an eval file (the last unless ``@ROW`` gives its index) or
+a point of a sweep (``OUT/points/NAME.json``). Its MLP bytes: the packed bytes of a quantized row
+(``--quantize``, or factors stored quantized), else two per MLP parameter (bf16, as checkpoints are
+saved); the dense model's own point is its first row at 2 bytes per MLP parameter, which
+``--dense-mlp-params N`` gives when the file does not. Prints a Markdown table (bytes, each text's ratio
+to dense, "–" for a text the point was not scored on, the geometric means over the built-in domains and,
+where every text was scored, over all of them) and draws the domains' geometric mean against the MLP
+megabytes.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from svdmlp.tables import markdown_table
 
 def _row(spec: str) -> dict:
     path, _, index = spec.partition("@")
-    rows = json.loads(Path(path).read_text())["rows"]
-    return rows[int(index) if index else -1]
+    data = json.loads(Path(path).read_text())
+    if "rows" not in data:  # a sweep's point
+        return {"perplexity": data["perplexity"], "mlp_params": data["params"]["mlp"]}
+    return data["rows"][int(index) if index else -1]
 
 
 def _megabytes(row: dict, dense_params: int | None) -> float:
@@ -61,18 +65,17 @@ def main(argv: list[str] | None = None) -> None:
             {n: dense["perplexity"][n] for n in names if n in HELDOUT_SOURCES}, row["perplexity"]
         )
         megabytes = _megabytes(row, args.dense_mlp_params)
-        body.append(
-            [label, f"{megabytes:.1f}", *(f"×{every['ratios'][n]:.3f}" for n in names)]
-            + [f"×{domains['geomean']:.3f}", f"×{every['geomean']:.3f}"]
-        )
-        plotted.append((label, megabytes, every["geomean"]))
+        ratios = [f"×{every['ratios'][n]:.3f}" if n in every["ratios"] else "–" for n in names]
+        overall = f"×{every['geomean']:.3f}" if len(every["ratios"]) == len(names) else "–"
+        body.append([label, f"{megabytes:.1f}", *ratios, f"×{domains['geomean']:.3f}", overall])
+        plotted.append((label, megabytes, domains["geomean"]))
     print(markdown_table(headers, body))
     figure, ax = new_figure((6.5, 4.5))
     for label, megabytes, ratio in plotted:
         ax.scatter([megabytes], [ratio])
         ax.annotate(label, (megabytes, ratio), fontsize=7, xytext=(4, 2), textcoords="offset points")
     ax.set_xlabel("MLP megabytes (scales included)")
-    ax.set_ylabel("perplexity / dense, geometric mean over all texts")
+    ax.set_ylabel("perplexity / dense, geometric mean over the built-in domains")
     save_figure(figure, args.plot, f"memory against quality: {dense['model']}")
 
 
