@@ -49,7 +49,7 @@ def quantize_layers(
             errors.extend(quantize(module))
         totals["after"] += sum(module.factor_bytes() for module in modules)
 
-    indices = [i for i, layer in enumerate(layers) if _has_lowrank(model, layer)]
+    indices = [i for i, layer in enumerate(layers) if lowrank.lowrank_modules(layer)]  # no weights read
     if windows is None:
         for index in indices:
             with lazy.held(model, layers[index]):
@@ -77,11 +77,6 @@ def quantize_layers(
         values = [e[key] for e in errors]
         report[f"{key}_error_mean"], report[f"{key}_error_max"] = sum(values) / len(values), max(values)
     return report
-
-
-def _has_lowrank(model, layer) -> bool:
-    with lazy.held(model, layer):
-        return bool(lowrank.lowrank_modules(layer))
 
 
 @torch.no_grad()
