@@ -246,7 +246,7 @@ def test_factor_bits_store_the_factors_quantized_and_eval_counts_their_bytes(com
         out_dir,
     )
     assert code == 0
-    assert "factors stored int8: 0.1 MB -> 0.0 MB, GPTQ and refit on the calibration windows" in out
+    assert "factors stored int8: 0.0 MB in bf16 -> 0.0 MB, GPTQ and refit on the calibration windows" in out
     quantization = checkpoint.read_metadata(out_dir)["report"]["quantization"]
     assert quantization["factor_params"] == 15360 and quantization["method"] == "gptq+refit"
     assert quantization["output_error_mean"] < 0.02

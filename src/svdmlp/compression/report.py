@@ -179,7 +179,10 @@ def quantization_line(report: CompressionReport) -> str:
     q = report.quantization
     if not q:
         return ""
-    line = f"factors stored {q['scheme']}: {q['factor_bytes_before'] / 1e6:.1f} MB -> {q['factor_bytes'] / 1e6:.1f} MB"
+    line = (
+        f"factors stored {q['scheme']}: {2 * q['factor_params'] / 1e6:.1f} MB in bf16 -> "
+        f"{q['factor_bytes'] / 1e6:.1f} MB"
+    )
     if "output_error_mean" in q:  # calibrated: the modules' output errors, and round to nearest's
         return (
             f"{line}, GPTQ and refit on the calibration windows: relative output error mean "
