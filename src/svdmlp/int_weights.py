@@ -145,6 +145,39 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, shape: tuple[int, int]) ->
     return (q.float() * scales.float()).reshape(rows, -1)[:, :cols]
 
 
+@dataclass
+class FakeQuantization:
+    """Weights replaced in place by the values their integers stand for (what an int8/int4 kernel would
+    multiply by), for evaluation; what that cost, weight by weight."""
+
+    how: Scheme
+    mlp_bytes: int = 0
+    mlp_bytes_bf16: int = 0
+    max_rel_error: float = 0.0
+
+    @torch.no_grad()
+    def replace(self, weight: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> None:
+        """Put the value of ``(q, scales)`` (:func:`quantize`'s form) in place of ``weight`` and count it."""
+        restored = dequantize(q, scales, tuple(weight.shape))
+        error = (restored - weight.float()).norm() / weight.float().norm().clamp_min(1e-30)
+        self.max_rel_error = max(self.max_rel_error, float(error))
+        weight.copy_(restored.to(weight.dtype))
+        self.mlp_bytes += self.how.nbytes(*weight.shape)
+        self.mlp_bytes_bf16 += 2 * weight.numel()
+
+    def report(self) -> dict:
+        """The scheme, the bytes quantized and in bf16, and the largest relative error of one weight."""
+        how = self.how
+        return {
+            "scheme": how.name,
+            "bits": how.bits,
+            "group": how.group,
+            "mlp_bytes": self.mlp_bytes,
+            "mlp_bytes_bf16": self.mlp_bytes_bf16,
+            "max_rel_error": self.max_rel_error,
+        }
+
+
 def _grouped(weight: torch.Tensor, how: Scheme) -> torch.Tensor:
     """``(rows, groups, group)`` view of ``weight``, the last group padded with zeros."""
     rows, cols = weight.shape

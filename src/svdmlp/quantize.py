@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from svdmlp import arch
-from svdmlp.int_weights import dequantize, quantize, scheme
+from svdmlp.int_weights import FakeQuantization, quantize, scheme
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
 
 
@@ -40,21 +40,7 @@ def quantize_mlp(model: nn.Module, name: str) -> dict:
         weight (Frobenius norm).
     """
     how = scheme(name)
-    quantized = bf16 = 0
-    worst = 0.0
+    tally = FakeQuantization(how)
     for weight in _mlp_weights(model):
-        q, scales = quantize(weight, how)
-        restored = dequantize(q, scales, tuple(weight.shape))
-        error = (restored - weight.float()).norm() / weight.float().norm().clamp_min(1e-30)
-        worst = max(worst, float(error))
-        weight.copy_(restored.to(weight.dtype))
-        quantized += how.nbytes(*weight.shape)
-        bf16 += 2 * weight.numel()
-    return {
-        "scheme": how.name,
-        "bits": how.bits,
-        "group": how.group,
-        "mlp_bytes": quantized,
-        "mlp_bytes_bf16": bf16,
-        "max_rel_error": worst,
-    }
+        tally.replace(weight, *quantize(weight, how))
+    return tally.report()

@@ -16,7 +16,7 @@ from svdmlp import arch
 from svdmlp.compression import sequential
 from svdmlp.compression.calibration import config_windows
 from svdmlp.config import CompressConfig
-from svdmlp.int_weights import dequantize, gptq, scheme
+from svdmlp.int_weights import FakeQuantization, gptq, scheme
 
 
 @torch.no_grad()
@@ -31,28 +31,11 @@ def quantize_dense_mlps(
     spec = arch.of_model(model)
     windows = config_windows(tokenizer, config, None, bos=arch.bos_token_id(spec, tokenizer))
     layers = arch.decoder_layers(model, spec)
-    quantized = bf16 = 0
-    worst = 0.0
+    tally = FakeQuantization(how)
     walk = sequential.calibrated_layers(model, spec, windows, list(range(len(layers))), progress=progress)
     for index, grams, _ in walk:
         mlp = getattr(layers[index], spec.mlp)
         for projection in arch.PROJECTIONS:
             weight = getattr(mlp, spec.projection(projection)).weight
-            q, scales = gptq(weight.float(), grams.input_gram(projection), how)
-            restored = dequantize(q, scales, tuple(weight.shape))
-            worst = max(
-                worst, float((restored - weight.float()).norm() / weight.float().norm().clamp_min(1e-30))
-            )
-            weight.copy_(restored.to(weight.dtype))
-            quantized += how.nbytes(*weight.shape)
-            bf16 += 2 * weight.numel()
-    return {
-        "scheme": how.name,
-        "bits": how.bits,
-        "group": how.group,
-        "method": "gptq",
-        "calibration_tokens": windows.numel(),
-        "mlp_bytes": quantized,
-        "mlp_bytes_bf16": bf16,
-        "max_rel_error": worst,
-    }
+            tally.replace(weight, *gptq(weight.float(), grams.input_gram(projection), how))
+    return {**tally.report(), "method": "gptq", "calibration_tokens": windows.numel()}
