@@ -85,22 +85,23 @@ def _quantize_calibrated(module, batches: list[torch.Tensor], how: Scheme) -> di
     them, rounded to nearest (``rtn``) and as stored (``output``)."""
     xs = [batch.detach().reshape(-1, batch.shape[-1]).float() for batch in batches]
     floats = {name: getattr(module, name).detach().float() for name in module.FACTORS}
+    references = [_forward(module, floats, x) for x in xs]  # the float module's outputs, made once
     gram = _gram(xs)
     if isinstance(module, lowrank.LowRankLinear):
         shrink = QuantizedMatrix.of(floats["u_t"], how, hessian=gram)
         quantized = {"u_t": shrink, "v_t": _refit(_restored(shrink), floats["u_t"], floats["v_t"], gram, how)}
     else:
-        quantized = _quantize_gated(module, floats, xs, gram, how)
+        quantized = _quantize_gated(module, floats, xs, references, gram, how)
     rounded = {name: QuantizedMatrix.of(floats[name], how) for name in module.FACTORS}
     errors = {
-        "rtn": _relative_error(module, floats, rounded, xs),
-        "output": _relative_error(module, floats, quantized, xs),
+        "rtn": _relative_error(module, rounded, xs, references),
+        "output": _relative_error(module, quantized, xs, references),
     }
     module.use_quantized(quantized, how)
     return errors
 
 
-def _quantize_gated(module, floats, xs, gram, how) -> dict[str, QuantizedMatrix]:
+def _quantize_gated(module, floats, xs, references, gram, how) -> dict[str, QuantizedMatrix]:
     """Gate and up share the rounded shrink factor, each refits its own expand factor; then down, on
     the intermediate the rounded gate and up give, refit to the float MLP's output."""
     r_gate = module.ranks["gate"]
@@ -120,10 +121,10 @@ def _quantize_gated(module, floats, xs, gram, how) -> dict[str, QuantizedMatrix]
     d_hat = _restored(down_u)
     zz = torch.zeros(d_hat.shape[1], d_hat.shape[1], dtype=torch.float64, device=d_hat.device)
     zy = torch.zeros(d_hat.shape[1], floats["down_v_t"].shape[1], dtype=torch.float64, device=d_hat.device)
-    for x in xs:  # the intermediate again, one batch at a time: never all of them at once
+    for x, reference in zip(xs, references, strict=True):  # the intermediate again, a batch at a time
         z = intermediate(x, stored) @ d_hat
         accumulate_gram(zz, z)
-        accumulate_product(zy, z, _forward(module, floats, x))
+        accumulate_product(zy, z, reference)
     return {**quantized, "down_u_t": down_u, "down_v_t": _solve_and_round(zz, zy, how)}
 
 
@@ -157,12 +158,12 @@ def _restored(matrix: QuantizedMatrix) -> torch.Tensor:
     return matrix.dequantized().T
 
 
-def _relative_error(module, floats, quantized, xs) -> float:
+def _relative_error(module, quantized, xs, references) -> float:
+    """``‖y_q − y‖ / ‖y‖`` over the batches, ``y`` the float module's outputs on them."""
     restored = {name: _restored(matrix) for name, matrix in quantized.items()}
     error = norm = 0.0
-    for x in xs:
-        reference, approximate = _forward(module, floats, x), _forward(module, restored, x)
-        error += float((approximate - reference).double().square().sum())
+    for x, reference in zip(xs, references, strict=True):
+        error += float((_forward(module, restored, x) - reference).double().square().sum())
         norm += float(reference.double().square().sum())
     return (error / max(norm, 1e-300)) ** 0.5
 
