@@ -163,6 +163,8 @@ def heal_line(report: CompressionReport) -> str:
             f"validation KL to the dense model {h['kl_before']:.4f} -> {h['kl_after']:.4f} nats/token"
             + ("; it rose, so the factors from before healing were kept" if h.get("reverted") else "")
         )
+        if h.get("losses"):
+            lines.append("  training KL by step: " + " ".join(f"{loss:.3f}" for loss in h["losses"]))
         by_source = h.get("kl_by_source") or {}
         if len(by_source) > 1:
             lines.append(

@@ -58,8 +58,10 @@ def test_distillation_lowers_the_calibration_loss_and_touches_only_the_factors(t
     others = {n: p.detach().clone() for n, p in model.named_parameters() if "mlp" not in n}
     factors = {n: p.detach().clone() for n, p in model.named_parameters() if "mlp" in n}
     windows = _windows(tokenizer, 4, 1)
+    first = distill.validation_kl(model, teacher, windows[:1])
     result = distill.distill(model, teacher, windows, {"a": windows}, LoraSpec(24, 3e-3, 32), progress=False)
     assert result.kl_after < 0.6 * result.kl_before
+    assert len(result.losses) == 24 and result.losses[0] == pytest.approx(first, rel=1e-5)  # before its update
     assert result.kl_after == pytest.approx(distill.validation_kl(model, teacher, windows))
     assert result.steps == 24 and result.tokens == 24 * 32
     for name, parameter in model.named_parameters():
@@ -198,6 +200,11 @@ def test_closed_form_then_lora(tokenizer):
     healed = [p.name for layer in report.layers for p in layer.projections if p.heal_error_after is not None]
     assert healed == ["down", "down"] and report.healing["steps"] == 4
     lines = heal_line(report).splitlines()
-    assert [line.split(":")[0] for line in lines] == ["healing (closed-form)", "healing (lora)"]
+    assert [line.split(":")[0] for line in lines] == [
+        "healing (closed-form)",
+        "healing (lora)",
+        "  training KL by step",
+    ]
+    assert len(lines[2].split(": ")[1].split()) == 4  # one per step
     with pytest.raises(ValueError, match="heal 'closed-form\\+lora' needs sequential calibration"):
         CompressConfig(heal="closed-form+lora")

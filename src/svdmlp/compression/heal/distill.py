@@ -80,6 +80,9 @@ class DistillResult:
     kl_after: float  # of the trained factors, also when they were reverted
     reverted: bool = False  # the validation KL rose, so the factors from before healing were put back
     kl_by_source: dict[str, dict[str, float]] = field(default_factory=dict)  # name -> before, after
+    # Each step's training KL, on a window no earlier step trained on (while steps <= windows): how
+    # the run went, where the validation says only where it ended.
+    losses: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -90,6 +93,7 @@ class DistillResult:
             "kl_after": self.kl_after,
             "reverted": self.reverted,
             "kl_by_source": self.kl_by_source,
+            "losses": self.losses,
         }
 
 
@@ -207,6 +211,7 @@ def _distill(model, teacher, windows, validation, spec, progress, weights, start
     was_training = model.training
     model.eval()  # deterministic forward (no dropout) for both student and teacher
     trainer = _InMemory(model, spec) if weights is None else _OnDisk(model, weights, spec)
+    losses = []
     with trainer:
         bar = tqdm(range(spec.steps), desc="healing", unit="step", disable=not progress)
         for step in bar:
@@ -218,6 +223,7 @@ def _distill(model, teacher, windows, validation, spec, progress, weights, start
                     f"healing diverged: the loss is {loss} at step {step}; lower the learning "
                     "rate (--heal-lr) or check the model for inf/NaN activations"
                 )
+            losses.append(loss)
             bar.set_postfix(kl=f"{loss:.4f}")
     model.train(was_training)
     kl_after = kl_by_source(model, teacher, validation)
@@ -233,6 +239,7 @@ def _distill(model, teacher, windows, validation, spec, progress, weights, start
         kl_after=_mean(kl_after),
         reverted=reverted,
         kl_by_source={name: {"before": kl_before[name], "after": kl_after[name]} for name in validation},
+        losses=losses,
     )
 
 
