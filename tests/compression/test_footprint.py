@@ -72,3 +72,15 @@ def test_the_pace_line_scales_the_steps_left_by_the_pace_so_far():
     assert prediction.pace_line(["calibration", "allocation", "factorisation"], 200.0) == (
         "factorisation done at 3 min (predicted 4 min)"
     )
+
+
+def test_a_sweep_calibrates_once_and_peaks_as_its_largest_point():
+    keeps = [_config(keep=k, heal="closed-form+lora", lora=LoraSpec(16, 3e-5, 512)) for k in (0.9, 0.8, 0.6)]
+    points = [footprint.predict(LLAMA_1B, config, 16, True, RATES) for config in keeps]
+    sweep = footprint.predict_sweep(LLAMA_1B, keeps, True, RATES, eval_tokens=8192)
+    assert sweep.seconds["calibration"] == points[0].seconds["calibration"]  # once, shared by every keep
+    assert sweep.seconds["factorisation"] == pytest.approx(sum(p.seconds["factorisation"] for p in points))
+    assert sweep.seconds["evaluation"] == pytest.approx(
+        4 * 2 * LLAMA_1B.params * 8192 / RATES.f32
+    )  # and dense
+    assert sweep.peak[1] == max(p.peak[1] for p in points)  # one point's model and Grams at a time

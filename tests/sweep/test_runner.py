@@ -32,6 +32,7 @@ def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, c
     argv, out = setup
     calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
     assert main(argv) == 0
+    assert capsys.readouterr().err.startswith("svdmlp: predicted: peak memory ")  # before any work
     # The model is on disk: each keep makes its input Grams one layer at a time, nothing is shared.
     assert len(calibrations) == 0
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no scratch left
@@ -69,8 +70,9 @@ def test_resume_refuses_other_settings(setup, capsys):
     capsys.readouterr()
     changed = [a if a != "2" else "1" for a in argv]  # --max-windows 1
     assert main(changed) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("svdmlp: predicted: ") and len(err) == 2
+    assert err[1].startswith(
         f"svdmlp sweep: error: {out / 'points' / 'dense.json'} was made with other settings"
     )
 

@@ -130,13 +130,10 @@ def _check_footprint(args: argparse.Namespace, compress_config):
     """Print the predicted peak memory and time (to stderr, with the progress bars); refuse a plan
     whose peak exceeds ``--max-memory``. Returns the prediction and whether a model on disk is loaded
     whole for distillation: where that is predicted to need at most a quarter of the memory allowed."""
-    from svdmlp import models
     from svdmlp.compression import footprint
 
-    location, model_config = models.load_config(args.model)
-    shapes = footprint.Shapes.of_config(model_config)
+    shapes, on_disk = footprint.Shapes.of_model(args.model)
     layers = len(compress_config.layers) if compress_config.layers is not None else shapes.layers
-    on_disk = Path(location).is_dir()
     limit = args.max_memory * footprint.GB if args.max_memory is not None else footprint.available_memory()
     rates = footprint.Rates.measure()
     resident = footprint.predict(shapes, compress_config, layers, on_disk, rates, resident_healing=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 from svdmlp.cli import options
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     names = options.eval_sources(args, corpora.HELDOUT_SOURCES)
     device, dtype = options.runtime(args)
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
+    _print_footprint(args.model, points, base, settings, len(names))
     texts = runner.Texts(names, lambda tokenizer: options.eval_texts(args, names, tokenizer))
     records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
     sources = [name for name in names if name not in args.dataset]  # names are distinct
@@ -82,6 +85,19 @@ def run(args: argparse.Namespace) -> options.Outcome:
         print(line)
     print(f"report: {path}")
     return options.Outcome(1 if failed else 0, {"report": str(path), "points": records, "failed": failed})
+
+
+def _print_footprint(model, points, base: CompressConfig, settings, texts: int) -> None:
+    """The sweep's predicted peak memory and time, before any work (to stderr, as compress prints its own)."""
+    from svdmlp.compression import footprint
+
+    shapes, on_disk = footprint.Shapes.of_model(model)
+    configs = [replace(base.with_recipe(p.method), keep=p.keep) for p in points if p.method != "dense"]
+    # Each text is scored on at most max_windows windows; without a limit its length is unknown here.
+    tokens = texts * settings.max_windows * settings.seq_len if settings.max_windows else 0
+    predicted = footprint.predict_sweep(shapes, configs, on_disk, footprint.Rates.measure(), tokens)
+    scored = "" if tokens else " (scoring not counted: no --max-windows)"
+    print(f"svdmlp: {predicted.line()}{scored}", file=sys.stderr, flush=True)
 
 
 def with_effort(args: argparse.Namespace) -> argparse.Namespace:

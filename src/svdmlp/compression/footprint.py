@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -60,6 +61,15 @@ class Shapes:
             tied=bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))),
             heads=heads,
         )
+
+    @classmethod
+    def of_model(cls, name: str | None) -> tuple[Shapes, bool]:
+        """The shapes of model ``name`` (as :func:`svdmlp.models.load_config` finds it, no weights
+        read), and whether compression reads its weights from disk (a local or built-in model)."""
+        from svdmlp import models
+
+        location, config = models.load_config(name)
+        return cls.of_config(config), Path(location).is_dir()
 
     @property
     def params(self) -> int:
@@ -245,4 +255,24 @@ def predict(
             kept = shapes.layers * (shapes.heads * seq * seq + 8 * seq * (h + i)) * F32
             memory["healing"] = BASE_BYTES + shapes.params * F32 + factors * 3 * F32 + logits + kept
         seconds["healing"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / rates.f32
+    return Footprint(memory, seconds, rates)
+
+
+def predict_sweep(
+    shapes: Shapes, configs: list[CompressConfig], on_disk: bool, rates: Rates, eval_tokens: int
+) -> Footprint:
+    """The footprint of a sweep: ``configs`` compressed one after the other, each point (and the dense
+    one) then scored on ``eval_tokens`` tokens (its time only: scoring holds less than compressing). The output-gradient Grams are made once and read back
+    for every keep (``calibration`` counts once); memory is the largest of any point's steps, as each
+    point's model and Grams are freed before the next."""
+    memory: dict[str, float] = {}
+    seconds: dict[str, float] = {}
+    for config in configs:
+        point = predict(shapes, config, shapes.layers, on_disk, rates)
+        for step, value in point.memory.items():
+            memory[step] = max(memory.get(step, 0.0), value)
+        for step, value in point.seconds.items():
+            if step != "calibration" or step not in seconds:
+                seconds[step] = seconds.get(step, 0.0) + value
+    seconds["evaluation"] = (len(configs) + 1) * 2 * shapes.params * eval_tokens / rates.f32
     return Footprint(memory, seconds, rates)

@@ -61,7 +61,9 @@ def test_distillation_lowers_the_calibration_loss_and_touches_only_the_factors(t
     first = distill.validation_kl(model, teacher, windows[:1])
     result = distill.distill(model, teacher, windows, {"a": windows}, LoraSpec(24, 3e-3, 32), progress=False)
     assert result.kl_after < 0.6 * result.kl_before
-    assert len(result.losses) == 24 and result.losses[0] == pytest.approx(first, rel=1e-5)  # before its update
+    assert len(result.losses) == 24 and result.losses[0] == pytest.approx(
+        first, rel=1e-5
+    )  # before its update
     assert result.kl_after == pytest.approx(distill.validation_kl(model, teacher, windows))
     assert result.steps == 24 and result.tokens == 24 * 32
     for name, parameter in model.named_parameters():
