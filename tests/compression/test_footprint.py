@@ -77,7 +77,7 @@ def test_the_pace_line_scales_the_steps_left_by_the_pace_so_far():
 def test_a_sweep_calibrates_once_and_peaks_as_its_largest_point():
     keeps = [_config(keep=k, heal="closed-form+lora", lora=LoraSpec(16, 3e-5, 512)) for k in (0.9, 0.8, 0.6)]
     points = [footprint.predict(LLAMA_1B, config, 16, True, RATES) for config in keeps]
-    sweep = footprint.predict_sweep(LLAMA_1B, keeps, True, RATES, eval_tokens=8192)
+    sweep = footprint.predict_sweep(LLAMA_1B, keeps, True, RATES, eval_tokens=8192, scores=4)
     assert sweep.seconds["calibration"] == points[0].seconds["calibration"]  # once, shared by every keep
     assert sweep.seconds["factorisation"] == pytest.approx(sum(p.seconds["factorisation"] for p in points))
     assert sweep.seconds["evaluation"] == pytest.approx(

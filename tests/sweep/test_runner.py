@@ -53,7 +53,9 @@ def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, c
     compresses = count_calls(monkeypatch, pipeline, "compress")
     assert main(argv) == 0
     assert compresses == [] and len(calibrations) == 0
-    assert capsys.readouterr().out.count("finished earlier, skipped") == len(POINTS)
+    rerun = capsys.readouterr()
+    assert rerun.out.count("finished earlier, skipped") == len(POINTS)
+    assert "predicted" not in rerun.err  # nothing left to run, nothing to predict
     assert (out / "report.md").read_text() == first_report
 
     # No point here heals by distillation, so other healing knobs (a new default, say) change none of

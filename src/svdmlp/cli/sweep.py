@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
     names = options.eval_sources(args, corpora.HELDOUT_SOURCES)
     device, dtype = options.runtime(args)
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
-    _print_footprint(args.model, points, base, settings, len(names))
+    left = [p for p in points if not (Path(args.out) / "points" / f"{p.name}.json").is_file()]
+    _print_footprint(args.model, left, base, settings, len(names))
     texts = runner.Texts(names, lambda tokenizer: options.eval_texts(args, names, tokenizer))
     records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
     sources = [name for name in names if name not in args.dataset]  # names are distinct
@@ -88,14 +89,19 @@ def run(args: argparse.Namespace) -> options.Outcome:
 
 
 def _print_footprint(model, points, base: CompressConfig, settings, texts: int) -> None:
-    """The sweep's predicted peak memory and time, before any work (to stderr, as compress prints its own)."""
+    """The predicted peak memory and time of the points still to run, before any work (to stderr, as
+    compress prints its own)."""
     from svdmlp.compression import footprint
+
+    if all(p.method == "dense" for p in points):
+        return  # nothing to compress (scoring dense alone is a few minutes)
 
     shapes, on_disk = footprint.Shapes.of_model(model)
     configs = [replace(base.with_recipe(p.method), keep=p.keep) for p in points if p.method != "dense"]
     # Each text is scored on at most max_windows windows; without a limit its length is unknown here.
     tokens = texts * settings.max_windows * settings.seq_len if settings.max_windows else 0
-    predicted = footprint.predict_sweep(shapes, configs, on_disk, footprint.Rates.measure(), tokens)
+    rates = footprint.Rates.measure()
+    predicted = footprint.predict_sweep(shapes, configs, on_disk, rates, tokens, len(points))
     scored = "" if tokens else " (scoring not counted: no --max-windows)"
     print(f"svdmlp: {predicted.line()}{scored}", file=sys.stderr, flush=True)
 

@@ -259,10 +259,16 @@ def predict(
 
 
 def predict_sweep(
-    shapes: Shapes, configs: list[CompressConfig], on_disk: bool, rates: Rates, eval_tokens: int
+    shapes: Shapes,
+    configs: list[CompressConfig],
+    on_disk: bool,
+    rates: Rates,
+    eval_tokens: int,
+    scores: int,
 ) -> Footprint:
-    """The footprint of a sweep: ``configs`` compressed one after the other, each point (and the dense
-    one) then scored on ``eval_tokens`` tokens (its time only: scoring holds less than compressing). The output-gradient Grams are made once and read back
+    """The footprint of a sweep: ``configs`` compressed one after the other, and ``scores`` models (these
+    and the dense one, unless it was scored earlier) each scored on ``eval_tokens`` tokens (its time
+    only: scoring holds less than compressing). The output-gradient Grams are made once and read back
     for every keep (``calibration`` counts once); memory is the largest of any point's steps, as each
     point's model and Grams are freed before the next."""
     memory: dict[str, float] = {}
@@ -274,5 +280,5 @@ def predict_sweep(
         for step, value in point.seconds.items():
             if step != "calibration" or step not in seconds:
                 seconds[step] = seconds.get(step, 0.0) + value
-    seconds["evaluation"] = (len(configs) + 1) * 2 * shapes.params * eval_tokens / rates.f32
+    seconds["evaluation"] = scores * 2 * shapes.params * eval_tokens / rates.f32
     return Footprint(memory, seconds, rates)
