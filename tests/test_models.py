@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -12,12 +13,13 @@ import huggingface_hub.constants
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoTokenizer, GPT2Config
+from transformers import AutoTokenizer, GenerationConfig, GPT2Config
 
 from conftest import SAMPLE_TEXT, save_tiny_llama, tiny_config, tiny_model
 from svdmlp import checkpoint, models
 from svdmlp.compression import pipeline
 from svdmlp.config import CompressConfig
+from svdmlp.engine import Sampling
 
 DEFAULT_CACHE = ("models", "SmolLM2-135M-Instruct-bf16")
 
@@ -256,6 +258,23 @@ def test_a_conversion_by_an_older_svdmlp_is_made_again(cache, monkeypatch):
     conversions = []
     monkeypatch.setattr(models, "_convert_packaged", lambda model, path: conversions.append(path))
     assert models.packaged_model_dir("smollm2-135m") == target and conversions == [target]
+
+
+def test_the_publishers_generation_settings_reach_a_conversion_made_before_them(cache, monkeypatch):
+    target = cache / "models" / "gemma-3-270m-bf16"
+    target.mkdir(parents=True)
+    (target / ".complete").write_text(models.CONVERSION_VERSION)
+    (target / "generation_config.json").write_text(json.dumps({"bos_token_id": 2, "eos_token_id": 1}))
+    monkeypatch.setattr(models, "_convert_packaged", lambda model, path: pytest.fail("converted again"))
+    assert models.packaged_model_dir("gemma-3-270m") == target
+    written = json.loads((target / "generation_config.json").read_text())
+    assert written == {"bos_token_id": 2, "eos_token_id": 1, "do_sample": True, "top_k": 64, "top_p": 0.95}
+    config = GenerationConfig.from_pretrained(target)
+    assert Sampling.of_generation_config(config) == Sampling(temperature=1.0, top_k=64, top_p=0.95)
+    before = (target / "generation_config.json").stat().st_mtime_ns
+    models.packaged_model_dir("gemma-3-270m")
+    assert (target / "generation_config.json").stat().st_mtime_ns == before  # already there: not rewritten
+    assert [p.name for p in target.iterdir() if p.name.startswith(".generation")] == []
 
 
 def test_incomplete_cache_is_converted(cache, monkeypatch):

@@ -53,6 +53,9 @@ class PackagedModel:
     gguf_name: str
     sha256: str  # of the whole GGUF file: a truncated or altered download is refused
     cache_name: str
+    # The publisher's generation settings (its generation_config.json), which a GGUF file does not
+    # carry: written into the conversion so that generate samples as transformers would.
+    generation: tuple[tuple[str, object], ...] = ()
 
     @property
     def install_command(self) -> str:
@@ -110,6 +113,7 @@ PACKAGED = {
             gguf_name="gemma-3-270m-q4_k_m.gguf",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             cache_name="gemma-3-270m-bf16",
+            generation=(("do_sample", True), ("top_k", 64), ("top_p", 0.95)),
         ),
     )
 }
@@ -122,7 +126,20 @@ def packaged_model_dir(name: str) -> Path:
     target = cache_dir() / "models" / model.cache_name
     if not _is_current(target):
         _convert_packaged(model, target)
+    _set_generation(target, dict(model.generation))
     return target
+
+
+def _set_generation(target: Path, settings: dict) -> None:
+    """Put ``settings`` into the conversion's ``generation_config.json`` where it lacks them (also in
+    one converted before they were known), atomically."""
+    path = target / "generation_config.json"
+    current = json.loads(path.read_text()) if path.is_file() else {}
+    if all(current.get(key) == value for key, value in settings.items()):
+        return
+    staging = path.with_name(f".{path.name}.{os.getpid()}")
+    staging.write_text(json.dumps({**current, **settings}, indent=2) + "\n")
+    os.replace(staging, path)
 
 
 def gguf_model_dir(path: Path) -> Path:

@@ -4,6 +4,7 @@ sampling follows its seed, and bad input is one line and exit 2."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,9 @@ def test_fast_engine_prints_what_hf_generate_prints(model_dir, capsys):
     assert code == 0 and fast == hf and fast.endswith("\n") and len(fast) > 1
     code, out, err = run_cli(capsys, *args, "--json", "-")
     record = json.loads(out)
-    assert code == 0 and err == fast  # the streamed text moves to standard error
+    said, streamed = err.split("\n", 1)
+    assert said == "svdmlp: sampling greedy (the model's generation config; --temperature 0 for greedy)"
+    assert code == 0 and streamed == fast  # the streamed text moves to standard error
     assert len(record["new_ids"]) == 12 and record["text"] == fast.removesuffix("\n")
 
 
@@ -40,6 +43,22 @@ def test_sampling_follows_its_seed(model_dir, capsys, engine):
     others = [new_ids(*sampled, "--seed", str(seed)) for seed in (6, 7, 8)]
     assert all(ids != first for ids in others)
     assert greedy not in [first, *others]
+
+
+def test_a_model_that_says_sample_samples_unless_told_otherwise(model_dir, capsys):
+    """As ``model.generate`` does: the model's generation config decides, each flag overrides its part."""
+    path = Path(model_dir) / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    args = ["generate", model_dir, "--prompt", "the", "--max-new-tokens", "12", "--json", "-"]
+    greedy = json.loads(run_cli(capsys, *args)[1])["new_ids"]
+    path.write_text(json.dumps({**config, "do_sample": True, "top_k": 40, "top_p": 0.9}))
+    code, out, err = run_cli(capsys, *args)
+    record = json.loads(out)
+    assert code == 0 and record["sampling"] == {"temperature": 1.0, "top_k": 40, "top_p": 0.9, "seed": 0}
+    assert err.startswith("svdmlp: sampling temperature 1, top-k 40, top-p 0.9, seed 0 (the model's")
+    assert record["new_ids"] != greedy
+    code, out, err = run_cli(capsys, *args, "--temperature", "0")
+    assert json.loads(out)["new_ids"] == greedy and err.startswith("svdmlp: sampling greedy (as given")
 
 
 def test_top_k_one_prints_the_greedy_text(model_dir, capsys):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict
 
 from svdmlp.cli import options
@@ -15,9 +16,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--top-p", type=float, default=1.0, help="sample from the top-p probability mass")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="0 means greedy (default: as the model's generation config says, greedy if it says nothing)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="sample among the k most likely tokens (default: as the model's)",
+    )
+    p.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="sample from the top-p probability mass (default: as the model's)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seeds sampling (default 0)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument(
@@ -34,18 +50,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> options.Outcome:
     """Continue one prompt, streaming tokens as they come (``--engine hf``: Hugging Face ``generate``)."""
     from svdmlp import checkpoint
-    from svdmlp.engine import Engine, Sampling
+    from svdmlp.engine import Engine
     from svdmlp.engine.prompt import encode
     from svdmlp.engine.stream import TextStream
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
+    if args.temperature is not None and args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     device, dtype = options.runtime(args)
     model, tokenizer, _ = checkpoint.load_any(args.target, args.backend, dtype, device)
+    sampling, said = _sampling(args, getattr(model, "generation_config", None))
     prompt = encode(model, tokenizer, args.prompt, chat=args.chat)
+    print(f"svdmlp: sampling {said}", file=sys.stderr, flush=True)
     stream = TextStream(tokenizer, lambda text: print(text, end="", flush=True))
     if args.engine == "hf":
         new = _hf_generate(model, prompt, sampling, args.max_new_tokens, tokenizer.eos_token_id)
@@ -69,6 +86,28 @@ def run(args: argparse.Namespace) -> options.Outcome:
         "engine": args.engine,
     }
     return options.Outcome(0, record)
+
+
+def _sampling(args: argparse.Namespace, generation_config):
+    """The model's own sampling (its generation config, as ``model.generate`` reads it), each option
+    given overriding its part, and the words that state it (on stderr: the same command samples for
+    one model and is greedy for another)."""
+    from dataclasses import replace
+
+    from svdmlp.engine import Sampling
+
+    sampling = Sampling.of_generation_config(generation_config, args.seed)
+    given = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
+    sampling = replace(sampling, **{key: value for key, value in given.items() if value is not None})
+    if sampling.greedy:
+        said = "greedy"
+    else:
+        top_k = f"top-k {sampling.top_k}" if sampling.top_k else "no top-k"
+        said = (
+            f"temperature {sampling.temperature:g}, {top_k}, top-p {sampling.top_p:g}, seed {sampling.seed}"
+        )
+    source = "the model's generation config" if all(v is None for v in given.values()) else "as given"
+    return sampling, f"{said} ({source}; --temperature 0 for greedy)"
 
 
 def _stop_tokens(model, tokenizer) -> set[int]:

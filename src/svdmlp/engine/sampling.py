@@ -53,6 +53,23 @@ class Sampling:
             raise ValueError(f"unknown sampling options {unknown}; allowed: {sorted(allowed)}")
         return cls(**options)
 
+    @classmethod
+    def of_generation_config(cls, config, seed: int = 0) -> Sampling:
+        """The sampling a model's ``GenerationConfig`` asks for, as ``model.generate`` reads it: greedy
+        unless ``do_sample``, else its temperature, top-k and top-p (transformers' defaults 1.0, 50
+        and 1.0 where it sets none; a top-k of 0 means none)."""
+        if config is None or not getattr(config, "do_sample", False):
+            return cls(seed=seed)
+        temperature = getattr(config, "temperature", None)
+        top_k = getattr(config, "top_k", None)
+        top_p = getattr(config, "top_p", None)
+        return cls(
+            temperature=1.0 if temperature is None else float(temperature),
+            top_k=50 if top_k is None else (int(top_k) or None),
+            top_p=1.0 if top_p is None else float(top_p),
+            seed=seed,
+        )
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
