@@ -111,6 +111,9 @@ def test_recipes_compare_methods_at_equal_parameters(tmp_path, tokenizer, monkey
     assert sorted(records) == sorted(["dense", *names])
     assert len({records[n]["params"]["mlp"] for n in names}) == 1  # equal parameters
     assert records["whiten+lora-keep0.5"]["timings"]["healing"] > 0
+    healing = records["whiten+lora-keep0.5"]["healing"]  # what distillation did, kept with the point
+    assert healing["steps"] == 2 and len(healing["losses"]) == 2 and "reverted" in healing
+    assert records["whiten+sequential-keep0.5"]["healing"] == {}
     assert records["whiten+sequential-keep0.5"]["calibration"]["sequential"] is True
     report = (out / "report.md").read_text()
     assert f"--method {recipes}" in report and "--heal-steps 2 --heal-lr 3e-05 --heal-seq-len 512" in report

@@ -135,6 +135,7 @@ def _run_points(model_name, points, texts, settings, base, folder, dtype, device
                     timings=report.timings,
                     calibration=report.calibration,
                     params=report.params_after,
+                    healing=report.healing,  # distillation's validation KL before and after, reverted or not
                 )
             record.update(suite.score(model, tokenizer, texts.of(tokenizer), settings, point.name))
         finally:
