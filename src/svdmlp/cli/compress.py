@@ -132,7 +132,7 @@ def _check_footprint(args: argparse.Namespace, compress_config):
     whole for distillation: where that is predicted to need at most a quarter of the memory allowed."""
     from svdmlp.compression import footprint
 
-    shapes, on_disk = footprint.Shapes.of_model(args.model)
+    shapes, on_disk = options.model_shapes(args.model)
     layers = len(compress_config.layers) if compress_config.layers is not None else shapes.layers
     limit = args.max_memory * footprint.GB if args.max_memory is not None else footprint.available_memory()
     rates = footprint.Rates.measure()

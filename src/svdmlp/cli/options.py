@@ -78,6 +78,16 @@ def runtime(args: argparse.Namespace):
 # --- compression --------------------------------------------------------------------------------
 
 
+def model_shapes(name: str | None):
+    """``(footprint.Shapes, on_disk)`` of model ``name`` from its config alone (no weights read): its
+    sizes, and whether compression reads its weights from disk (a local or built-in model)."""
+    from svdmlp import models
+    from svdmlp.compression import footprint
+
+    location, config = models.load_config(name)
+    return footprint.Shapes.of_config(config), Path(location).is_dir()
+
+
 def add_effort(parser: argparse.ArgumentParser) -> None:
     """``--effort``: the named budget whose recipe and budgets fill every option not given (compress, sweep)."""
     parser.add_argument(

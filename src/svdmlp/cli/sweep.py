@@ -96,7 +96,7 @@ def _print_footprint(model, points, base: CompressConfig, settings, texts: int) 
     if all(p.method == "dense" for p in points):
         return  # nothing to compress (scoring dense alone is a few minutes)
 
-    shapes, on_disk = footprint.Shapes.of_model(model)
+    shapes, on_disk = options.model_shapes(model)
     configs = [replace(base.with_recipe(p.method), keep=p.keep) for p in points if p.method != "dense"]
     # Each text is scored on at most max_windows windows; without a limit its length is unknown here.
     tokens = texts * settings.max_windows * settings.seq_len if settings.max_windows else 0

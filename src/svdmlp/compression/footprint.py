@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -61,15 +60,6 @@ class Shapes:
             tied=bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", False))),
             heads=heads,
         )
-
-    @classmethod
-    def of_model(cls, name: str | None) -> tuple[Shapes, bool]:
-        """The shapes of model ``name`` (as :func:`svdmlp.models.load_config` finds it, no weights
-        read), and whether compression reads its weights from disk (a local or built-in model)."""
-        from svdmlp import models
-
-        location, config = models.load_config(name)
-        return cls.of_config(config), Path(location).is_dir()
 
     @property
     def params(self) -> int:
