@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     names = options.eval_sources(args, corpora.HELDOUT_SOURCES)
     device, dtype = options.runtime(args)
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
-    left = [p for p in points if not (Path(args.out) / "points" / f"{p.name}.json").is_file()]
+    left = [p for p in points if not runner.point_path(Path(args.out), p).is_file()]
     _print_footprint(args.model, left, base, settings, len(names))
     texts = runner.Texts(names, lambda tokenizer: options.eval_texts(args, names, tokenizer))
     records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)

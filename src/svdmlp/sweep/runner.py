@@ -67,6 +67,11 @@ def plan(keeps: tuple[float, ...], methods: tuple[str, ...]) -> list[Point]:
     return [Point("dense")] + [Point(m, k) for m in dict.fromkeys(methods) for k in dict.fromkeys(keeps)]
 
 
+def point_path(out: Path, point: Point) -> Path:
+    """Where a sweep into ``out`` keeps ``point``'s record once it is finished (a rerun skips it)."""
+    return out / "points" / f"{point.name}.json"
+
+
 def run_sweep(
     model_name: str | None,
     points: list[Point],
@@ -86,24 +91,23 @@ def run_sweep(
         "compress": {k: v for k, v in base.to_dict().items() if k not in ("keep", "method")},
         "dtype": str(dtype).removeprefix("torch."),
     }
-    folder = out / "points"
-    folder.mkdir(parents=True, exist_ok=True)
+    (out / "points").mkdir(parents=True, exist_ok=True)
     # A model on disk keeps the shared output-gradient Grams here, each point's compressed layers in a
     # scratch directory of its own: memory holds about one layer whatever the number of keeps.
     shared = Path(tempfile.mkdtemp(prefix=".calibration-", dir=out))
     try:
         return _run_points(
-            model_name, points, texts, settings, base, folder, dtype, device, log, identity, shared
+            model_name, points, texts, settings, base, out, dtype, device, log, identity, shared
         )
     finally:
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def _run_points(model_name, points, texts, settings, base, folder, dtype, device, log, identity, shared):
+def _run_points(model_name, points, texts, settings, base, out, dtype, device, log, identity, shared):
     calibration = None
     records, started, ran = [], time.perf_counter(), 0
     for number, point in enumerate(points, 1):
-        path = folder / f"{point.name}.json"
+        path = point_path(out, point)
         if path.is_file():
             record = json.loads(path.read_text())
             _check_same_sweep(path, _relevant(record["sweep"], point), _relevant(identity, point))
