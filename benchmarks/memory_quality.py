@@ -21,7 +21,7 @@ from pathlib import Path
 
 from svdmlp.corpora import HELDOUT_SOURCES
 from svdmlp.evaluate.suite import ratios_to_dense
-from svdmlp.plots import new_figure, save_figure
+from svdmlp.sweep.markdown import plot_memory_quality
 from svdmlp.tables import markdown_table
 
 
@@ -29,7 +29,8 @@ def _row(spec: str) -> dict:
     path, _, index = spec.partition("@")
     data = json.loads(Path(path).read_text())
     if "rows" not in data:  # a sweep's point
-        return {"perplexity": data["perplexity"], "mlp_params": data["params"]["mlp"]}
+        quantization = {"quantization": data["quantization"]} if data.get("quantization") else {}
+        return {"perplexity": data["perplexity"], "mlp_params": data["params"]["mlp"], **quantization}
     return data["rows"][int(index) if index else -1]
 
 
@@ -70,13 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         body.append([label, f"{megabytes:.1f}", *ratios, f"×{domains['geomean']:.3f}", overall])
         plotted.append((label, megabytes, domains["geomean"]))
     print(markdown_table(headers, body))
-    figure, ax = new_figure((6.5, 4.5))
-    for label, megabytes, ratio in plotted:
-        ax.scatter([megabytes], [ratio])
-        ax.annotate(label, (megabytes, ratio), fontsize=7, xytext=(4, 2), textcoords="offset points")
-    ax.set_xlabel("MLP megabytes (scales included)")
-    ax.set_ylabel("perplexity / dense, geometric mean over the built-in domains")
-    save_figure(figure, args.plot, f"memory against quality: {dense['model']}")
+    plot_memory_quality(plotted, args.plot, f"memory against quality: {dense['model']}")
 
 
 if __name__ == "__main__":

@@ -71,3 +71,18 @@ def test_fake_quantized_factors_compute_what_stored_quantized_factors_compute():
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     with torch.no_grad():
         torch.testing.assert_close(stored(ids).logits, fake(ids).logits, rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_on_disk_is_quantized_as_the_same_model_in_memory(tokenizer, tmp_path):
+    from conftest import save_tiny_llama
+    from svdmlp import lazy, models
+
+    save_tiny_llama(tmp_path / "model", tokenizer)
+    (tmp_path / "scratch").mkdir()
+    on_disk, _, _ = models.load_lazy(str(tmp_path / "model"), scratch=tmp_path / "scratch")
+    in_memory, _, _ = models.load_dense(str(tmp_path / "model"))
+    assert quantize_mlp(on_disk, "int4") == quantize_mlp(in_memory, "int4")
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7, 11, 2]])
+    with torch.no_grad():  # each layer was written back rounded: the next forward reads it so
+        assert torch.equal(on_disk(ids).logits, in_memory(ids).logits)
+    assert len(lazy.of(on_disk).stored) == len(arch.decoder_layers(on_disk, arch.of_model(on_disk)))

@@ -274,3 +274,12 @@ def held(model: nn.Module, *modules: nn.Module) -> Iterator[None]:
         return
     with weights.held(*modules):
         yield
+
+
+def store(model: nn.Module, unit: nn.Module) -> None:
+    """Write ``unit`` as it is now to the model's scratch directory and read it from there from now on
+    (:meth:`DiskWeights.store`): what changes a held unit's weights in place must do before it lets go,
+    or the next forward reads the old ones. Nothing to do for a model in memory."""
+    weights = of(model)
+    if weights is not None:
+        weights.store(unit)

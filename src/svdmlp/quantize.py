@@ -13,27 +13,26 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from svdmlp import arch
+from svdmlp import arch, lazy
 from svdmlp.int_weights import FakeQuantization, quantize, scheme
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
 
 
-def _mlp_weights(model: nn.Module):
-    """Every MLP weight of the decoder layers as a 2-D view whose rows are outputs and columns the
-    inputs they sum over: a dense projection's weight as it is, a low-rank factor ``(k, n)`` transposed."""
-    spec = arch.of_model(model)
-    for layer in arch.decoder_layers(model, spec):
-        for module in getattr(layer, spec.mlp).modules():
-            if isinstance(module, nn.Linear):
-                yield module.weight
-            elif isinstance(module, (LowRankLinear, LowRankGatedMLP)):
-                yield from (factor.T for factor in module.parameters(recurse=False))
+def _mlp_weights(mlp: nn.Module):
+    """Every weight of one MLP as a 2-D view whose rows are outputs and columns the inputs they sum
+    over: a dense projection's weight as it is, a low-rank factor ``(k, n)`` transposed."""
+    for module in mlp.modules():
+        if isinstance(module, nn.Linear):
+            yield module.weight
+        elif isinstance(module, (LowRankLinear, LowRankGatedMLP)):
+            yield from (factor.T for factor in module.parameters(recurse=False))
 
 
 @torch.no_grad()
 def quantize_mlp(model: nn.Module, name: str) -> dict:
     """Replace every MLP weight of ``model`` (dense projections, or a compressed layer's factors) by its
-    quantized value, in place; what it cost.
+    quantized value, in place, one layer at a time (a model on disk has each layer written back); what
+    it cost.
 
     Returns:
         The scheme, the MLP's bytes quantized and in bf16, and the largest relative error of one
@@ -41,6 +40,10 @@ def quantize_mlp(model: nn.Module, name: str) -> dict:
     """
     how = scheme(name)
     tally = FakeQuantization(how)
-    for weight in _mlp_weights(model):
-        tally.replace(weight, *quantize(weight, how))
+    spec = arch.of_model(model)
+    for layer in arch.decoder_layers(model, spec):
+        with lazy.held(model, layer):
+            for weight in _mlp_weights(getattr(layer, spec.mlp)):
+                tally.replace(weight, *quantize(weight, how))
+            lazy.store(model, layer)
     return tally.report()

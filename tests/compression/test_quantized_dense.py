@@ -37,3 +37,24 @@ def test_gptq_rounds_onto_the_grid_closer_to_the_float_mlp_than_rtn(tokenizer, t
     assert all(o < t for o, t in zip(ours, theirs, strict=True)), (ours, theirs)
     for weight in (layer.mlp.down_proj.weight for layer in gptq_model.model.layers):
         assert all(len(row.unique()) <= 255 for row in weight)  # int8: at most 255 values a row
+
+
+def test_a_model_on_disk_is_rounded_by_gptq_as_the_same_model_in_memory(tokenizer, tmp_path):
+    import torch
+
+    from conftest import save_tiny_llama
+    from svdmlp import models
+
+    text = tmp_path / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    config = CompressConfig(calibration=CalibrationSpec(str(text), 4, 32))
+    save_tiny_llama(tmp_path / "model", tokenizer)
+    (tmp_path / "scratch").mkdir()
+    on_disk, _, _ = models.load_lazy(str(tmp_path / "model"), scratch=tmp_path / "scratch")
+    in_memory, _, _ = models.load_dense(str(tmp_path / "model"))
+    ours = quantize_dense_mlps(on_disk, tokenizer, "int4", config, progress=False)
+    theirs = quantize_dense_mlps(in_memory, tokenizer, "int4", config, progress=False)
+    assert ours == theirs
+    ids = torch.tensor([[1, 5, 9, 14, 3, 7, 11, 2]])
+    with torch.no_grad():
+        assert torch.allclose(on_disk(ids).logits, in_memory(ids).logits, atol=1e-5)

@@ -142,3 +142,55 @@ def test_a_sweep_shares_the_output_gradient_grams_through_disk(tmp_path, tokeniz
     assert records["fisher-keep0.8"]["calibration"] == records["fisher-keep0.5"]["calibration"]
     assert records["fisher-keep0.5"]["achieved_keep"] < records["fisher-keep0.8"]["achieved_keep"]
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # the shared Grams deleted
+
+
+def test_quantized_baselines_and_factors_are_points_at_their_bytes(tmp_path, tokenizer, monkeypatch, capsys):
+    from svdmlp.sweep.runner import mlp_bytes
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
+    text, other = tmp_path / "text.txt", tmp_path / "other.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    other.write_text(SAMPLE_TEXT[::-1], encoding="utf-8")
+    out = tmp_path / "out"
+    argv = tiny_sweep_argv(model_dir, text, out, "0.5", "whiten") + ["--text", str(other)]
+    argv += ["--quantize", "int8,int4-gptq", "--factor-bits", "16,8,4"]
+    compresses = count_calls(monkeypatch, pipeline, "compress")
+    quantizations = count_calls(monkeypatch, pipeline, "quantize_factors")
+    assert main(argv) == 0
+    assert "(quantizing not counted)" in capsys.readouterr().err
+    assert len(compresses) == 1 and len(quantizations) == 2  # one compression serves every width
+    names = ["dense", "dense-int8", "dense-int4-gptq"]
+    names += ["whiten-keep0.5", "whiten-keep0.5-factors-int8", "whiten-keep0.5-factors-int4"]
+    records = {p.stem: json.loads(p.read_text()) for p in (out / "points").iterdir()}
+    assert sorted(records) == sorted(names)
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # the kept model deleted
+    sizes = [mlp_bytes(records[name]) for name in names]
+    assert sizes[1] < sizes[0] / 1.9 and sizes[2] < sizes[1] / 1.8  # int8 and int4 with their scales
+    assert sizes[4] < 0.6 * sizes[3] and sizes[5] < 0.7 * sizes[4]  # tiny factors: scales weigh more
+    assert records["dense-int8"]["quantization"]["method"] == "rtn"
+    assert records["dense-int4-gptq"]["calibration"]["tokens"] == 4 * 32
+    assert records["whiten-keep0.5-factors-int4"]["quantization"]["method"] == "gptq+refit"
+    assert records["whiten-keep0.5-factors-int8"]["params"] == records["whiten-keep0.5"]["params"]
+    dense = records["dense"]["perplexity"]
+    for name in names[1:]:
+        assert records[name]["perplexity"] != dense
+    report = (out / "report.md").read_text()
+    assert "--quantize int8,int4-gptq --factor-bits 16,8,4" in report and "| MLP MB |" in report
+    assert all(f"| {name} |" in report for name in names)
+    assert (out / "memory-quality.png").stat().st_size > 0
+
+    # Resumed with the floating-point point finished, a width compresses again with its factors
+    # quantized: the same point as made from the kept model.
+    made = records["whiten-keep0.5-factors-int8"]
+    (out / "points" / "whiten-keep0.5-factors-int8.json").unlink()
+    assert main(argv) == 0
+    assert len(compresses) == 2 and len(quantizations) == 2
+    again = json.loads((out / "points" / "whiten-keep0.5-factors-int8.json").read_text())
+    assert again["quantization"]["mlp_bytes"] == made["quantization"]["mlp_bytes"]
+    for name, value in made["perplexity"].items():
+        assert again["perplexity"][name] == pytest.approx(value, rel=1e-4)
+    # GPTQ depends on the calibration windows, round to nearest does not.
+    samples = argv.index("--calib-samples") + 1
+    assert main(argv[:samples] + ["2"] + argv[samples + 1 :]) == 2
+    assert "dense-int4-gptq.json was made with other compress" in capsys.readouterr().err

@@ -36,6 +36,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "every recipe runs at every keep (default: the recipe of --effort, which is what compress does "
         f"with no flag: {EFFORTS['default'].recipe})",
     )
+    p.add_argument(
+        "--quantize",
+        type=options.comma_list(),
+        default=(),
+        metavar="SCHEME[,SCHEME]",
+        help="add the dense model with its MLP weights quantized, each scheme a point: int8 (per "
+        "output channel) or int4 (groups of 128) rounded to nearest, or int8-gptq / int4-gptq rounded "
+        "by GPTQ on the calibration windows (the baselines to compare compression with at equal bytes)",
+    )
+    p.add_argument(
+        "--factor-bits",
+        type=options.comma_list(int),
+        default=(16,),
+        metavar="BITS[,BITS]",
+        help="the widths each recipe's factors are scored in at every keep: 16 floating point, 8 or 4 "
+        "stored quantized as compress --factor-bits stores them, made from the floating-point factors "
+        "(one compression per keep; default: 16)",
+    )
     options.add_effort(p)
     p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
     options.add_perplexity(p, "every built-in held-out domain unless --dataset is given")
@@ -62,7 +80,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
 
     return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
     args = with_effort(args)
-    points = runner.plan(args.keep, args.method)
+    points = runner.plan(args.keep, args.method, args.quantize, args.factor_bits)
     bench = speed.load(args.bench) if args.bench else None  # checked before any work
     settings = options.eval_settings(args)
     base = CompressConfig(
@@ -93,16 +111,23 @@ def _print_footprint(model, points, base: CompressConfig, settings, texts: int) 
     compress prints its own)."""
     from svdmlp.compression import footprint
 
-    if all(p.method == "dense" for p in points):
-        return  # nothing to compress (scoring dense alone is a few minutes)
+    # Quantized factors are made from their floating-point point when it runs too; quantizing (and
+    # rounding a dense baseline) is counted in neither memory nor time.
+    compressed = [
+        p for p in points if p.method != "dense" and (p.factor_bits == 16 or p.floating not in points)
+    ]
+    if not compressed:
+        return  # nothing to compress (scoring dense and its baselines is minutes)
 
     shapes, on_disk = options.model_shapes(model)
-    configs = [replace(base.with_recipe(p.method), keep=p.keep) for p in points if p.method != "dense"]
+    configs = [replace(base.with_recipe(p.method), keep=p.keep) for p in compressed]
     # Each text is scored on at most max_windows windows; without a limit its length is unknown here.
     tokens = texts * settings.max_windows * settings.seq_len if settings.max_windows else 0
     rates = footprint.Rates.measure()
     predicted = footprint.predict_sweep(shapes, configs, on_disk, rates, tokens, len(points))
     scored = "" if tokens else " (scoring not counted: no --max-windows)"
+    if len(compressed) < sum(p.method != "dense" or p.quantize is not None for p in points):
+        scored += " (quantizing not counted)"
     print(f"svdmlp: {predicted.line()}{scored}", file=sys.stderr, flush=True)
 
 
@@ -120,6 +145,10 @@ def command_line(args, sources: list[str]) -> str:
     """The command that reproduces this sweep, every setting spelled out (for the report's head)."""
     words = ["svdmlp", "sweep", *([args.model] if args.model else [])]
     words += ["--keep", ",".join(f"{k:g}" for k in args.keep), "--method", ",".join(args.method)]
+    if args.quantize:
+        words += ["--quantize", ",".join(args.quantize)]
+    if tuple(args.factor_bits) != (16,):
+        words += ["--factor-bits", ",".join(str(bits) for bits in args.factor_bits)]
     for source in sources:
         words += ["--text", source]
     for name in args.dataset:

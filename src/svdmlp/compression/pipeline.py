@@ -381,9 +381,8 @@ def _discard(output_grams) -> None:
 
 def _store(model: nn.Module, layers, index: int | None) -> None:
     """Write compressed layer ``index`` to disk and drop it from memory, when the model lives on disk."""
-    weights = lazy.of(model)
-    if weights is not None and index is not None:
-        weights.store(layers[index])
+    if index is not None:
+        lazy.store(model, layers[index])
 
 
 def _heal_by_distillation(

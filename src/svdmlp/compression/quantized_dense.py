@@ -4,7 +4,8 @@ calibrated baseline that compression is compared with (:mod:`svdmlp.quantize` ro
 Fake quantization, as there: each weight is replaced by the value its integers stand for, which is what
 an int8/int4 kernel would multiply by; the bytes counted are the packed ones. Layers go one at a time,
 each on the hidden states of the layers before it as already rounded (:func:`sequential.calibrated_layers`):
-gate and up with the Gram of the MLP's input, down with the Gram of its own input.
+gate and up with the Gram of the MLP's input, down with the Gram of its own input. A model on disk has
+each layer written back once rounded.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from svdmlp import arch
+from svdmlp import arch, lazy
 from svdmlp.compression import sequential
-from svdmlp.compression.calibration import config_windows
+from svdmlp.compression.calibration import config_windows, tokens_hash
 from svdmlp.config import CompressConfig
 from svdmlp.int_weights import FakeQuantization, gptq, scheme
 
@@ -25,7 +26,7 @@ def quantize_dense_mlps(
 ) -> dict:
     """Round every MLP weight of the dense ``model`` by GPTQ (scheme ``name``) on the calibration windows
     ``config`` names (default: what ``svdmlp compress`` draws with no flag); what it cost, as
-    :func:`svdmlp.quantize.quantize_mlp` reports it, and the calibration tokens used."""
+    :func:`svdmlp.quantize.quantize_mlp` reports it, and the calibration tokens used (count, SHA-256)."""
     how = scheme(name)
     config = config or CompressConfig()
     spec = arch.of_model(model)
@@ -38,4 +39,6 @@ def quantize_dense_mlps(
         for projection in arch.PROJECTIONS:
             weight = getattr(mlp, spec.projection(projection)).weight
             tally.replace(weight, *gptq(weight.float(), grams.input_gram(projection), how))
-    return {**tally.report(), "method": "gptq", "calibration_tokens": windows.numel()}
+        lazy.store(model, layers[index])  # held by the walk, which runs it on as rounded
+    digest = {"calibration_tokens": windows.numel(), "calibration_sha256": tokens_hash(windows)}
+    return {**tally.report(), "method": "gptq", **digest}

@@ -2,8 +2,11 @@
 
 The command that made the sweep heads the report, so that the numbers can be regenerated; the plots
 put perplexity (log scale: plain SVD on small models reaches 10^5 and more) and accuracy against the
-*achieved* keep, since alignment moves every point off its target. With a ``bench e2e`` file
-(``--bench``), a section pairs each benchmarked keep's decode speedup with the sweep's perplexity.
+*achieved* keep, since alignment moves every point off its target, one line per recipe and factor
+width, the dense model and its quantized baselines as level lines; and, with more than one text, the
+MLP's bytes against the geometric-mean ratio to dense (``memory-quality.png``), where compression and
+quantization meet at equal bytes. With a ``bench e2e`` file (``--bench``), a section pairs each
+benchmarked keep's decode speedup with the sweep's perplexity.
 """
 
 from __future__ import annotations
@@ -11,31 +14,51 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from svdmlp.config import FACTOR_BITS
 from svdmlp.evaluate import harness, suite
 from svdmlp.plots import new_figure, save_figure
 from svdmlp.sweep import speed
+from svdmlp.sweep.runner import mlp_bytes
 from svdmlp.tables import format_cell, markdown_table
 
 SPEED_PLOT = "ppl-vs-speed.png"
+MEMORY_PLOT = "memory-quality.png"
 
 
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", Path(name).stem if "/" in name else name).strip("-")
 
 
-def _methods(records: list[dict]) -> list[str]:
-    return list(dict.fromkeys(r["method"] for r in records if r["method"] != "dense"))
+def series(record: dict) -> str:
+    """What a point is a point of: ``dense``, a dense baseline (``dense int4 GPTQ``), or a recipe with
+    its factors' width (``whiten``, ``whiten, factors int8``): one line in the plots."""
+    if record["method"] == "dense":
+        scheme, _, method = (record.get("quantize") or "").partition("-")
+        return "dense" if not scheme else f"dense {scheme} {(method or 'rtn').upper()}"
+    bits = record.get("factor_bits", 16)
+    return record["method"] if bits == 16 else f"{record['method']}, factors {FACTOR_BITS[bits]}"
+
+
+def _compressed_series(records: list[dict]) -> list[str]:
+    return list(dict.fromkeys(series(r) for r in records if r["method"] != "dense"))
+
+
+def _dense(records: list[dict]) -> dict | None:
+    return next((r for r in records if r["point"] == "dense"), None)
 
 
 def plot_perplexity(records: list[dict], text: str, path: Path) -> None:
-    """Perplexity vs achieved keep, one line per method, the dense model as a dashed line."""
+    """Perplexity vs achieved keep, one line per recipe and factor width; the dense model as a dashed
+    line and each quantized baseline as a dotted one."""
     figure, axes = new_figure((6, 4))
-    for method in _methods(records):
-        points = sorted((r["achieved_keep"], r["perplexity"][text]) for r in records if r["method"] == method)
-        axes.plot(*zip(*points, strict=True), marker="o", label=method)
+    for name in _compressed_series(records):
+        points = sorted((r["achieved_keep"], r["perplexity"][text]) for r in records if series(r) == name)
+        axes.plot(*zip(*points, strict=True), marker="o", label=name)
     for r in records:
-        if r["method"] == "dense":
+        if r["point"] == "dense":
             axes.axhline(r["perplexity"][text], color="black", linestyle="--", label="dense")
+        elif r["method"] == "dense":
+            axes.axhline(r["perplexity"][text], color="grey", linestyle=":", label=series(r))
     axes.set(xlabel="achieved keep (fraction of MLP parameters)", ylabel="perplexity", yscale="log")
     axes.set_title(f"perplexity on {text}")
     axes.grid(True, which="both", alpha=0.3)
@@ -44,10 +67,11 @@ def plot_perplexity(records: list[dict], text: str, path: Path) -> None:
 
 
 def plot_accuracy(records: list[dict], task: str, path: Path) -> None:
-    """acc (solid) and acc_norm (dotted) vs achieved keep, one colour per method; dense as lines."""
+    """acc (solid) and acc_norm (dotted) vs achieved keep, one colour per series (:func:`series`)."""
     figure, axes = new_figure((6, 4))
-    for index, method in enumerate(["dense", *_methods(records)]):
-        rows = sorted((r for r in records if r["method"] == method), key=lambda r: r["achieved_keep"])
+    names = list(dict.fromkeys(series(r) for r in records))  # dense first
+    for index, name in enumerate(names):
+        rows = sorted((r for r in records if series(r) == name), key=lambda r: r["achieved_keep"])
         for metric, style in zip(harness.METRICS, ("-", ":"), strict=True):
             points = [
                 (r["achieved_keep"], r["tasks"][task]["metrics"][metric])
@@ -60,12 +84,38 @@ def plot_accuracy(records: list[dict], task: str, path: Path) -> None:
                     marker="o",
                     linestyle=style,
                     color=f"C{index}",
-                    label=f"{method} {metric}",
+                    label=f"{name} {metric}",
                 )
     axes.set(xlabel="achieved keep (fraction of MLP parameters)", ylabel="accuracy", title=task)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize="small")
     save_figure(figure, path)
+
+
+def plot_memory_quality(points: list[tuple[str, float, float]], path: Path, title: str) -> None:
+    """Each ``(label, MLP megabytes, geometric-mean perplexity ratio to dense)`` as a labelled dot."""
+    figure, axes = new_figure((6.5, 4.5))
+    for label, megabytes, ratio in points:
+        axes.scatter([megabytes], [ratio])
+        axes.annotate(label, (megabytes, ratio), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    axes.set_xlabel("MLP megabytes (scales included)")
+    axes.set_ylabel("perplexity / dense, geometric mean over the texts")
+    axes.grid(True, alpha=0.3)
+    save_figure(figure, path, title)
+
+
+def _memory_points(records: list[dict]) -> list[tuple[str, float, float]]:
+    """The points of :func:`plot_memory_quality`: every record whose MLP bytes are known."""
+    dense = _dense(records)
+    found = []
+    for r in records:
+        size = mlp_bytes(r)
+        if size is not None:
+            label = r["point"] if r["method"] != "dense" else series(r)
+            found.append(
+                (label, size / 1e6, suite.ratios_to_dense(dense["perplexity"], r["perplexity"])["geomean"])
+            )
+    return found
 
 
 def plot_speed(comparison: speed.Comparison, texts: list[str], path: Path) -> None:
@@ -161,8 +211,11 @@ def write_report(out: Path, records: list[dict], command: str, bench: speed.Benc
         f"(align {sweep['compress']['align']}).",
         f"- Perplexity: {_protocol(sweep, records)}.",
         f"- Calibration (whiten): {_calibration(sweep['compress'])}" + _calibration_hash(records) + ".",
-        "- compress s: wall seconds of compression when the point ran; a resumed sweep's points may come from "
-        "runs on differently loaded machines, and within one run the keeps after the first reuse its whitenings.",
+        "- MLP MB: the MLP's bytes, packed with their fp16 scales where quantized, else two per parameter "
+        "(bf16, as checkpoints are saved); quantized factors leave the layers the allocation kept dense in bf16.",
+        "- compress s: wall seconds of compression when the point ran (with the rounding, for quantized "
+        "weights); a resumed sweep's points may come from runs on differently loaded machines, and within "
+        "one run the keeps after the first reuse its whitenings.",
         "",
         _table(records, texts, tasks),
         "",
@@ -171,6 +224,10 @@ def write_report(out: Path, records: list[dict], command: str, bench: speed.Benc
         name = f"ppl-{_slug(text)}.png"
         plot_perplexity(records, text, out / name)
         lines += [f"![perplexity on {text}]({name})", ""]
+    memory = _memory_points(records) if _dense(records) is not None and len(texts) > 1 else []
+    if len(memory) > 1:
+        plot_memory_quality(memory, out / MEMORY_PLOT, f"memory against quality: {sweep['model']}")
+        lines += [f"![MLP bytes against the geometric-mean perplexity ratio]({MEMORY_PLOT})", ""]
     for task in tasks:
         if all(not r["tasks"][task]["error"] for r in records):
             name = f"acc-{_slug(task)}.png"
@@ -189,7 +246,7 @@ def write_report(out: Path, records: list[dict], command: str, bench: speed.Benc
 def _protocol(sweep: dict, records: list[dict]) -> str:
     """The protocol line of the sweep's settings and of the BOS its dense point was scored with
     (records from before the BOS was recorded had none)."""
-    dense = next((r for r in records if r["method"] == "dense"), records[0])
+    dense = _dense(records) or records[0]
     bos = dense.get("bos", {"token_id": None, "convention": None})
     settings = suite.EvalSettings(**sweep["settings"])
     return settings.protocol(sweep["dtype"], "the CPU", bos["token_id"], bos["convention"])
@@ -207,19 +264,26 @@ def _calibration_hash(records: list[dict]) -> str:
 
 def _table(records: list[dict], texts: list[str], tasks: list[str]) -> str:
     """One row per point: perplexity per text with its ratio to dense, and their geometric mean."""
-    dense = next((r["perplexity"] for r in records if r["method"] == "dense"), None)
-    headers = ["point", "target keep", "achieved keep", "compress s"] + [f"PPL {t}" for t in texts]
+    dense = (_dense(records) or {}).get("perplexity")
+    headers = ["point", "target keep", "achieved keep", "MLP MB", "compress s"] + [f"PPL {t}" for t in texts]
     geomean = dense is not None and len(texts) > 1
     headers += ["geomean ×dense"] if geomean else []
     headers += [f"{task} {metric}" for task in tasks for metric in harness.METRICS]
     rows = []
     for r in records:
-        cells = [r["point"], r["target_keep"], f"{r['achieved_keep']:.4f}", f"{r['compress_seconds']:.1f}"]
+        size = mlp_bytes(r)
+        cells = [
+            r["point"],
+            r["target_keep"],
+            f"{r['achieved_keep']:.4f}",
+            "" if size is None else f"{size / 1e6:.1f}",
+        ]
+        cells.append(f"{r['compress_seconds']:.1f}")
         summary = suite.ratios_to_dense(dense, r["perplexity"]) if dense is not None else None
         for t in texts:
             ppl = format_cell(r["perplexity"][t])
             cells.append(
-                ppl if summary is None or r["method"] == "dense" else f"{ppl} (×{summary['ratios'][t]:.3g})"
+                ppl if summary is None or r["point"] == "dense" else f"{ppl} (×{summary['ratios'][t]:.3g})"
             )
         cells += [f"×{summary['geomean']:.3g}"] if geomean else []
         for task in tasks:

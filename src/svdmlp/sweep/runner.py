@@ -1,4 +1,5 @@
-"""Run a sweep: the dense model, then every (method, keep), each scored and saved as it finishes.
+"""Run a sweep: the dense model, its quantized baselines, then every (method, keep, factor bits),
+each scored and saved as it finishes.
 
 Each finished point is one JSON file in ``OUT/points/``, written atomically, so an interrupted sweep
 resumes where it stopped and a finished one only rebuilds its report. A point file also records the
@@ -8,6 +9,12 @@ collected once (by the first point that still has to run and uses them) and shar
 model on disk (every local or built-in one, :mod:`svdmlp.lazy`) is compressed one layer at a time at
 every point, and shares only its output-gradient Grams, kept on disk: a sweep then needs about the
 memory of one compression, whatever its number of keeps.
+
+Quantized factors (``--factor-bits 8|4``) are made from the floating-point point of the same method
+and keep, kept for them as a checkpoint in the sweep's scratch directory, as ``svdmlp quantize`` makes
+them from a checkpoint: one compression serves every width. A resumed sweep whose floating-point
+point finished earlier compresses again with the factors quantized (the same factors, as
+``compress --factor-bits`` makes them).
 """
 
 from __future__ import annotations
@@ -23,10 +30,16 @@ from pathlib import Path
 
 import torch
 
-from svdmlp import models
+from svdmlp import arch, checkpoint, models
 from svdmlp.compression import pipeline
-from svdmlp.config import CompressConfig
+from svdmlp.compression.quantized_dense import quantize_dense_mlps
+from svdmlp.compression.report import CompressionReport, count_parameters
+from svdmlp.config import FACTOR_BITS, CompressConfig
 from svdmlp.evaluate import suite
+from svdmlp.quantize import quantize_mlp
+
+# The dense baselines a sweep can add: the MLP weights rounded to nearest or by GPTQ (svdmlp eval --quantize).
+QUANTIZATIONS = ("int8", "int4", "int8-gptq", "int4-gptq")
 
 
 @dataclass
@@ -46,30 +59,70 @@ class Texts:
 
 @dataclass(frozen=True)
 class Point:
-    """One model of the sweep: ``dense``, or a recipe (see :meth:`CompressConfig.with_recipe`) at a keep."""
+    """One model of the sweep: ``dense`` (its MLP rounded by ``quantize``, one of
+    :data:`QUANTIZATIONS`, for a baseline), or a recipe (see :meth:`CompressConfig.with_recipe`) at a
+    keep, its factors stored in ``factor_bits``."""
 
     method: str
     keep: float = 1.0
+    factor_bits: int = 16
+    quantize: str | None = None
 
     @property
     def name(self) -> str:
-        return "dense" if self.method == "dense" else f"{self.method}-keep{self.keep:g}"
+        if self.method == "dense":
+            return "dense" if self.quantize is None else f"dense-{self.quantize}"
+        bits = "" if self.factor_bits == 16 else f"-factors-{FACTOR_BITS[self.factor_bits]}"
+        return f"{self.method}-keep{self.keep:g}{bits}"
+
+    @property
+    def floating(self) -> Point:
+        """The point of the same method and keep with floating-point factors."""
+        return replace(self, factor_bits=16)
 
 
-def plan(keeps: tuple[float, ...], methods: tuple[str, ...]) -> list[Point]:
-    """The dense reference first, then each method over the keeps in the order given."""
-    if not keeps or not methods:
-        raise ValueError(f"a sweep needs at least one keep and one method, got {keeps} and {methods}")
+def plan(
+    keeps: tuple[float, ...],
+    methods: tuple[str, ...],
+    quantize: tuple[str, ...] = (),
+    factor_bits: tuple[int, ...] = (16,),
+) -> list[Point]:
+    """The dense reference first, its quantized baselines, then each method over the keeps in the
+    order given, each keep at every factor width (floating point first)."""
+    if not keeps or not methods or not factor_bits:
+        raise ValueError(
+            f"a sweep needs at least one keep, method and factor width, got {keeps}, {methods} and {factor_bits}"
+        )
     for keep in keeps:
         replace(CompressConfig(), keep=keep)  # the config's own checks name a bad keep
     for method in methods:
         CompressConfig().with_recipe(method)  # names a bad recipe or an impossible combination
-    return [Point("dense")] + [Point(m, k) for m in dict.fromkeys(methods) for k in dict.fromkeys(keeps)]
+    for bits in factor_bits:
+        CompressConfig(factor_bits=bits)
+    for name in quantize:
+        if name not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {name!r}; expected some of {', '.join(QUANTIZATIONS)}")
+    widths = sorted(dict.fromkeys(factor_bits), reverse=True)
+    baselines = [Point("dense", quantize=name) for name in dict.fromkeys(quantize)]
+    compressed = [
+        Point(m, k, b) for m in dict.fromkeys(methods) for k in dict.fromkeys(keeps) for b in widths
+    ]
+    return [Point("dense"), *baselines, *compressed]
 
 
 def point_path(out: Path, point: Point) -> Path:
     """Where a sweep into ``out`` keeps ``point``'s record once it is finished (a rerun skips it)."""
     return out / "points" / f"{point.name}.json"
+
+
+def mlp_bytes(record: dict) -> int | None:
+    """The MLP's bytes at a point: packed with their scales where quantized, else two per parameter
+    (bf16, as checkpoints are saved); None for a point recorded before sweeps counted them."""
+    quantization = record.get("quantization")
+    if quantization:
+        return quantization["mlp_bytes"]
+    params = record.get("params", {}).get("mlp")
+    return None if params is None else 2 * params
 
 
 def run_sweep(
@@ -88,7 +141,7 @@ def run_sweep(
         "model": model_name or models.DEFAULT_MODEL,
         "texts": list(texts.names),
         "settings": settings.to_dict(),
-        "compress": {k: v for k, v in base.to_dict().items() if k not in ("keep", "method")},
+        "compress": {k: v for k, v in base.to_dict().items() if k not in ("keep", "method", "factor_bits")},
         "dtype": str(dtype).removeprefix("torch."),
     }
     (out / "points").mkdir(parents=True, exist_ok=True)
@@ -116,34 +169,42 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
             continue
         point_started = time.perf_counter()
         scratch = Path(tempfile.mkdtemp(prefix=f".{point.name}-", dir=shared.parent))
+        kept = shared / point.floating.name  # the floating-point model, for the quantized factors
         try:
-            model, tokenizer = models.load_for_compression(model_name, dtype, device, scratch)
             record = {
                 "sweep": identity,
                 "point": point.name,
                 "method": point.method,
                 "target_keep": point.keep,
+                "factor_bits": point.factor_bits,
+                "quantize": point.quantize,
             }
-            if point.method == "dense":
-                record.update(achieved_keep=1.0, compress_seconds=0.0, calibration={})
+            if point.factor_bits != 16 and kept.is_dir():
+                model, tokenizer = checkpoint.load(kept, backend="torch", dtype=dtype, device=device)
+                record.update(_quantized_factors(model, tokenizer, kept, point))
             else:
-                config = replace(base.with_recipe(point.method), keep=point.keep)
-                wants = pipeline.shared_calibration(model, config)
-                if wants and (calibration is None or (config.needs_output_grams and not calibration.outputs)):
-                    log(f"[{number}/{len(points)}] collecting calibration Grams once for every keep")
-                    calibration = pipeline.collect_calibration(model, tokenizer, config, spill=shared)
-                report = pipeline.compress(model, tokenizer, config, calibration=calibration)
-                record.update(
-                    achieved_keep=report.achieved_keep,
-                    compress_seconds=report.seconds,
-                    timings=report.timings,
-                    calibration=report.calibration,
-                    params=report.params_after,
-                    healing=report.healing,  # distillation's validation KL before and after, reverted or not
-                )
+                model, tokenizer = models.load_for_compression(model_name, dtype, device, scratch)
+                if point.method == "dense":
+                    record.update(_dense(model, tokenizer, point, base))
+                else:
+                    config = _config(point, base)
+                    wants = pipeline.shared_calibration(model, config)
+                    if wants and (
+                        calibration is None or (config.needs_output_grams and not calibration.outputs)
+                    ):
+                        log(f"[{number}/{len(points)}] collecting calibration Grams once for every keep")
+                        calibration = pipeline.collect_calibration(model, tokenizer, config, spill=shared)
+                    report = pipeline.compress(model, tokenizer, config, calibration=calibration)
+                    record.update(_compressed(report))
+                    if any(p.floating == point and not point_path(out, p).is_file() for p in points[number:]):
+                        checkpoint.save(
+                            kept, model, tokenizer, config, report, identity["model"], dtype=dtype
+                        )
             record.update(suite.score(model, tokenizer, texts.of(tokenizer), settings, point.name))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+        if not any(p.floating == point.floating and p.factor_bits != 16 for p in points[number:]):
+            shutil.rmtree(kept, ignore_errors=True)  # no point left to quantize its factors
         record["seconds"] = time.perf_counter() - point_started
         _write_atomic(path, record)
         records.append(record)
@@ -158,18 +219,82 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
     return records
 
 
+def _config(point: Point, base: CompressConfig) -> CompressConfig:
+    return replace(base.with_recipe(point.method), keep=point.keep, factor_bits=point.factor_bits)
+
+
+def _dense(model, tokenizer, point: Point, base: CompressConfig) -> dict:
+    """The dense model's record, its MLP rounded first for a baseline (GPTQ on ``base``'s calibration)."""
+    spec = arch.of_model(model)
+    mlps = [arch.mlp_name(spec, index) for index in range(len(arch.decoder_layers(model, spec)))]
+    record = {"achieved_keep": 1.0, "compress_seconds": 0.0, "calibration": {}}
+    record["params"] = count_parameters(model, mlps)
+    if point.quantize is None:
+        return record
+    started = time.perf_counter()
+    name, _, method = point.quantize.partition("-")
+    if method == "gptq":
+        quantization = quantize_dense_mlps(model, tokenizer, name, base)
+        record["calibration"] = {
+            "tokens": quantization["calibration_tokens"],
+            "sha256": quantization["calibration_sha256"],
+        }
+    else:
+        quantization = {**quantize_mlp(model, name), "method": "rtn"}
+    return {**record, "quantization": quantization, "compress_seconds": time.perf_counter() - started}
+
+
+def _compressed(report: CompressionReport) -> dict:
+    return {
+        "achieved_keep": report.achieved_keep,
+        "compress_seconds": report.seconds,
+        "timings": report.timings,
+        "calibration": report.calibration,
+        "params": report.params_after,
+        "healing": report.healing,  # distillation's validation KL before and after, reverted or not
+        **_factor_quantization(report),
+    }
+
+
+def _factor_quantization(report: CompressionReport) -> dict:
+    """The factors' quantization with the MLP's bytes: theirs packed, the layers left dense in bf16."""
+    stored = report.quantization
+    if not stored:
+        return {}
+    dense = report.params_after["mlp"] - stored["factor_params"]
+    return {"quantization": {**stored, "mlp_bytes": stored["factor_bytes"] + 2 * dense}}
+
+
+def _quantized_factors(model, tokenizer, kept: Path, point: Point) -> dict:
+    """The record of ``point`` made from the floating-point checkpoint ``kept``, its factors quantized
+    as ``svdmlp quantize`` would (compress seconds: the compression's and the quantization's)."""
+    metadata = checkpoint.read_metadata(kept)
+    config = replace(CompressConfig.from_dict(metadata["config"]), factor_bits=point.factor_bits)
+    quantization = pipeline.quantize_factors(model, tokenizer, config, progress=False)
+    report = replace(CompressionReport.from_dict(metadata["report"]), quantization=quantization)
+    record = _compressed(report)
+    record["compress_seconds"] += quantization["seconds"]
+    record["timings"] = {**record["timings"], "quantization": quantization["seconds"]}
+    return record
+
+
 def _relevant(identity: dict, point: Point) -> dict:
-    """The settings a point's numbers depend on: no compression setting for the dense model, and the
-    healing knobs only for a recipe that distils. A finished point is reused whenever these match, so
-    a dense point serves any sweep of the same texts, and a new healing default leaves the others.
-    Evaluation settings added since a point was written count at their defaults (``bos``: the
-    model's convention, which is what those points were scored with for every model they ran on)."""
+    """The settings a point's numbers depend on: no compression setting for the dense model (but the
+    calibration windows for a GPTQ baseline), and the healing knobs only for a recipe that distils.
+    A finished point is reused whenever these match, so a dense point serves any sweep of the same
+    texts, and a new healing default leaves the others. Settings added since a point was written count
+    at their defaults (``bos``: the model's convention, which is what those points were scored with for
+    every model they ran on; a point's factor bits are in its name, not its sweep's settings)."""
     identity = {**identity, "settings": {**suite.EvalSettings().to_dict(), **identity["settings"]}}
+    compress = {k: v for k, v in identity["compress"].items() if k != "factor_bits"}
     if point.method == "dense":
-        return {k: v for k, v in identity.items() if k != "compress"}
-    if CompressConfig().with_recipe(point.method).heals_lora:
+        identity = {k: v for k, v in identity.items() if k != "compress"}
+        if point.quantize and point.quantize.endswith("-gptq"):
+            identity["compress"] = {k: compress[k] for k in ("calibration", "seed")}
         return identity
-    return {**identity, "compress": {k: v for k, v in identity["compress"].items() if k != "lora"}}
+    if CompressConfig().with_recipe(point.method).heals_lora:
+        return {**identity, "compress": compress}
+    return {**identity, "compress": {k: v for k, v in compress.items() if k != "lora"}}
 
 
 def _check_same_sweep(path: Path, found: dict, expected: dict) -> None:

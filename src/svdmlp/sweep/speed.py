@@ -164,15 +164,20 @@ class Comparison:
         return 1 if 1 in self.batches else self.batches[0]
 
 
+def _floating(records: list[dict]) -> list[dict]:
+    """The compressed points with floating-point factors: those the bench's keeps stand for."""
+    return [r for r in records if r["method"] != "dense" and r.get("factor_bits", 16) == 16]
+
+
 def method_of(records: list[dict]) -> str:
-    methods = list(dict.fromkeys(r["method"] for r in records if r["method"] != "dense"))
+    methods = list(dict.fromkeys(r["method"] for r in _floating(records)))
     return PREFERRED_METHOD if PREFERRED_METHOD in methods else methods[0]
 
 
 def nearest(records: list[dict], method: str, keep: float) -> tuple[dict, bool]:
     """The point of ``method`` whose target keep is nearest ``keep`` (ties: the smaller keep), and
     whether it is the same keep."""
-    candidates = [r for r in records if r["method"] == method]
+    candidates = [r for r in _floating(records) if r["method"] == method]
     # Rounded: 0.65 is as near 0.6 as 0.7, whatever the floats say.
     best = min(candidates, key=lambda r: (round(abs(r["target_keep"] - keep), 9), r["target_keep"]))
     return best, math.isclose(best["target_keep"], keep, abs_tol=1e-9)
@@ -185,7 +190,7 @@ def compare(bench: Bench, records: list[dict]) -> Comparison:
     batches = sorted({row["batch"] for row in rows})
     dense = {row["batch"]: row for row in rows if row["keep"] is None}
     method = method_of(records)
-    dense_record = next(r for r in records if r["method"] == "dense")
+    dense_record = next(r for r in records if r["point"] == "dense")
     pairings = []
     for keep in dict.fromkeys(row["keep"] for row in rows):
         mine = {row["batch"]: row for row in rows if row["keep"] == keep}
