@@ -62,6 +62,20 @@ def test_load_dense_local_directory(model_dir, dtype):
     assert tokenizer("the quick fox")["input_ids"]
 
 
+def test_a_model_read_from_disk_keeps_its_generation_settings(tokenizer, tmp_path):
+    """Compression reads a local model lazily and its checkpoint saves the model's generation
+    config: the publisher's sampling settings (Gemma 3: top-k 64, top-p 0.95) must come through."""
+    from transformers import GenerationConfig
+
+    model = tiny_model("llama")
+    model.generation_config = GenerationConfig(do_sample=True, top_k=7, top_p=0.9)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded, _, _ = models.load_lazy(str(tmp_path))
+    settings = loaded.generation_config
+    assert (settings.do_sample, settings.top_k, settings.top_p) == (True, 7, 0.9)
+
+
 def test_unsupported_architecture_is_refused_before_weights_load(tmp_path, no_weight_loading):
     GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="unsupported model type 'gpt2'; svdmlp supports: gemma, .*llama"):

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from accelerate import init_empty_weights
 from safetensors import SafetensorError, safe_open
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from svdmlp import arch, lazy, lowrank
 from svdmlp.paths import cache_dir, file_sha256
@@ -369,6 +369,8 @@ def load_lazy(
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.tie_weights()  # on the meta device from_config leaves a tied LM head a parameter of its own
+    if (Path(location) / "generation_config.json").is_file():  # from_config makes a default one
+        model.generation_config = GenerationConfig.from_pretrained(location)  # which a checkpoint keeps
     _check_shapes(model, location, config, shapes)
     spec = arch.for_config(config)
     units = lazy.units_of(model, arch.decoder_layers(model, spec))
