@@ -107,11 +107,18 @@ def plot_memory_quality(points: list[tuple[str, float, float]], path: Path, titl
 def _memory_points(records: list[dict]) -> list[tuple[str, float, float]]:
     """The points of :func:`plot_memory_quality`: every record whose MLP bytes are known."""
     dense = _dense(records)
+    methods = {r["method"] for r in records if r["method"] != "dense"}
     found = []
     for r in records:
         size = mlp_bytes(r)
         if size is not None:
-            label = r["point"] if r["method"] != "dense" else series(r)
+            label = series(r)  # a recipe's is long: its keep, and the recipe only where several ran
+            if r["method"] != "dense":
+                bits = r.get("factor_bits", 16)
+                label = f"keep {r['target_keep']:g}" + (
+                    "" if bits == 16 else f", factors {FACTOR_BITS[bits]}"
+                )
+                label = label if len(methods) == 1 else f"{r['method']} {label}"
             found.append(
                 (label, size / 1e6, suite.ratios_to_dense(dense["perplexity"], r["perplexity"])["geomean"])
             )
