@@ -19,6 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
+from svdmlp.compression.report import mlp_bytes
 from svdmlp.corpora import HELDOUT_SOURCES
 from svdmlp.evaluate.suite import ratios_to_dense
 from svdmlp.sweep.markdown import plot_memory_quality
@@ -35,12 +36,10 @@ def _row(spec: str) -> dict:
 
 
 def _megabytes(row: dict, dense_params: int | None) -> float:
-    if "quantization" in row:
-        return row["quantization"]["mlp_bytes"] / 1e6
-    params = row.get("mlp_params", dense_params)
-    if params is None:
+    size = mlp_bytes(row.get("mlp_params", dense_params), row.get("quantization"))
+    if size is None:
         raise SystemExit(f"no MLP size for {row['kind']}: pass --dense-mlp-params")
-    return 2 * params / 1e6
+    return size / 1e6
 
 
 def main(argv: list[str] | None = None) -> None:

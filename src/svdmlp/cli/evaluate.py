@@ -86,10 +86,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
         label = f"{config['method']} keep {config['keep']}"
         quantized = {}
         if report.quantization:
-            stored = report.quantization
-            dense_mlp = report.params_after["mlp"] - stored["factor_params"]  # layers left dense, bf16
-            quantized = {"quantization": {**stored, "mlp_bytes": stored["factor_bytes"] + 2 * dense_mlp}}
-            label += f", factors {stored['scheme']}"
+            quantized = {"quantization": report.stored_quantization}
+            label += f", factors {report.quantization['scheme']}"
         if args.gptq:
             raise ValueError(
                 "--gptq rounds a dense model's MLP; a checkpoint's factors are stored calibrated by "
@@ -156,10 +154,11 @@ def calibration_line(calibration: dict) -> str:
 
 
 def _mlp_megabytes(row: dict) -> str:
-    """The MLP's bytes: packed with scales when quantized, else two per parameter (bf16, as saved)."""
-    if "quantization" in row:
-        return f"{row['quantization']['mlp_bytes'] / 1e6:.1f}"
-    return f"{2 * row['mlp_params'] / 1e6:.1f}" if "mlp_params" in row else ""
+    """The MLP's megabytes as stored (:func:`svdmlp.compression.report.mlp_bytes`), if known."""
+    from svdmlp.compression.report import mlp_bytes
+
+    size = mlp_bytes(row.get("mlp_params"), row.get("quantization"))
+    return "" if size is None else f"{size / 1e6:.1f}"
 
 
 def eval_table(rows: list[dict], text_names: list[str], task_names: list[str] = ()) -> str:

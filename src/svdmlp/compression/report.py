@@ -80,6 +80,15 @@ class CompressionReport:
         :func:`svdmlp.compression.ranks.achieved_keep` gives for every matrix and its rank."""
         return self.params_after["mlp"] / self.params_before["mlp"]
 
+    @property
+    def stored_quantization(self) -> dict:
+        """:attr:`quantization` with the MLP's bytes as stored (``mlp_bytes``): the factors packed with
+        their scales, the layers the allocation left dense in bf16; empty with floating-point factors."""
+        if not self.quantization:
+            return {}
+        dense = self.params_after["mlp"] - self.quantization["factor_params"]
+        return {**self.quantization, "mlp_bytes": self.quantization["factor_bytes"] + 2 * dense}
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["achieved_keep"] = self.achieved_keep
@@ -105,6 +114,14 @@ class CompressionReport:
             allocation=data.get("allocation", {}),
             quantization=data.get("quantization", {}),
         )
+
+
+def mlp_bytes(mlp_params: int | None, quantization: dict | None = None) -> int | None:
+    """The MLP's bytes: packed with their scales where quantized (``quantization["mlp_bytes"]``), else
+    two per parameter (bf16, as checkpoints are saved); None when neither is known."""
+    if quantization:
+        return quantization["mlp_bytes"]
+    return None if mlp_params is None else 2 * mlp_params
 
 
 def count_parameters(model: nn.Module, mlp_names: list[str]) -> dict[str, int]:

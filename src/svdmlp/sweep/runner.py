@@ -34,6 +34,7 @@ from svdmlp import arch, checkpoint, models
 from svdmlp.compression import pipeline
 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import CompressionReport, count_parameters
+from svdmlp.compression.report import mlp_bytes as report_mlp_bytes
 from svdmlp.config import FACTOR_BITS, CompressConfig
 from svdmlp.evaluate import suite
 from svdmlp.quantize import quantize_mlp
@@ -116,13 +117,9 @@ def point_path(out: Path, point: Point) -> Path:
 
 
 def mlp_bytes(record: dict) -> int | None:
-    """The MLP's bytes at a point: packed with their scales where quantized, else two per parameter
-    (bf16, as checkpoints are saved); None for a point recorded before sweeps counted them."""
-    quantization = record.get("quantization")
-    if quantization:
-        return quantization["mlp_bytes"]
-    params = record.get("params", {}).get("mlp")
-    return None if params is None else 2 * params
+    """The MLP's bytes at a point (:func:`svdmlp.compression.report.mlp_bytes`); None for a dense point
+    recorded before sweeps counted them."""
+    return report_mlp_bytes(record.get("params", {}).get("mlp"), record.get("quantization"))
 
 
 def run_sweep(
@@ -252,17 +249,8 @@ def _compressed(report: CompressionReport) -> dict:
         "calibration": report.calibration,
         "params": report.params_after,
         "healing": report.healing,  # distillation's validation KL before and after, reverted or not
-        **_factor_quantization(report),
+        **({"quantization": report.stored_quantization} if report.quantization else {}),
     }
-
-
-def _factor_quantization(report: CompressionReport) -> dict:
-    """The factors' quantization with the MLP's bytes: theirs packed, the layers left dense in bf16."""
-    stored = report.quantization
-    if not stored:
-        return {}
-    dense = report.params_after["mlp"] - stored["factor_params"]
-    return {"quantization": {**stored, "mlp_bytes": stored["factor_bytes"] + 2 * dense}}
 
 
 def _quantized_factors(model, tokenizer, kept: Path, point: Point) -> dict:
