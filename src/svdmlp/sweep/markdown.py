@@ -111,17 +111,14 @@ def _memory_points(records: list[dict]) -> list[tuple[str, float, float]]:
     found = []
     for r in records:
         size = mlp_bytes(r)
-        if size is not None:
-            label = series(r)  # a recipe's is long: its keep, and the recipe only where several ran
-            if r["method"] != "dense":
-                bits = r.get("factor_bits", 16)
-                label = f"keep {r['target_keep']:g}" + (
-                    "" if bits == 16 else f", factors {FACTOR_BITS[bits]}"
-                )
-                label = label if len(methods) == 1 else f"{r['method']} {label}"
-            found.append(
-                (label, size / 1e6, suite.ratios_to_dense(dense["perplexity"], r["perplexity"])["geomean"])
-            )
+        if size is None:
+            continue
+        label = series(r)
+        if r["method"] != "dense":  # a recipe's name is long: its keep, the recipe only where several ran
+            width = label.removeprefix(r["method"])  # ", factors int8" or nothing
+            label = ("" if len(methods) == 1 else f"{r['method']} ") + f"keep {r['target_keep']:g}{width}"
+        geomean = suite.ratios_to_dense(dense["perplexity"], r["perplexity"])["geomean"]
+        found.append((label, size / 1e6, geomean))
     return found
 
 

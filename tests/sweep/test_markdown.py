@@ -1,0 +1,50 @@
+"""The sweep report's memory-quality points: one per record whose MLP bytes are known, labelled short."""
+
+import pytest
+
+from svdmlp.sweep import markdown
+
+
+def _record(point, method, perplexity, mlp_params=None, **extra):
+    record = {"point": point, "method": method, "perplexity": {"a": perplexity, "b": perplexity}, **extra}
+    if mlp_params is not None:
+        record["params"] = {"mlp": mlp_params}
+    return record
+
+
+def _records(second_method=None):
+    records = [
+        _record("dense", "dense", 10.0, 1000),
+        _record("dense-int8", "dense", 10.0, 1000, quantize="int8", quantization={"mlp_bytes": 1100}),
+        _record("whiten-keep0.8", "whiten", 20.0, 800, target_keep=0.8, factor_bits=16),
+        _record(
+            "whiten-keep0.8-factors-int4",
+            "whiten",
+            40.0,
+            800,
+            target_keep=0.8,
+            factor_bits=4,
+            quantization={"mlp_bytes": 500},
+        ),
+        _record("old", "whiten", 30.0, target_keep=0.9),  # recorded before sweeps counted bytes
+    ]
+    if second_method:
+        records.append(_record(f"{second_method}-keep0.8", second_method, 20.0, 800, target_keep=0.8))
+    return records
+
+
+def test_memory_points_name_the_keep_and_factor_width_and_skip_unknown_sizes():
+    points = markdown._memory_points(_records())
+    assert [label for label, _, _ in points] == [
+        "dense",
+        "dense int8 RTN",
+        "keep 0.8",
+        "keep 0.8, factors int4",
+    ]
+    assert [megabytes for _, megabytes, _ in points] == pytest.approx([0.002, 0.0011, 0.0016, 0.0005])
+    assert [geomean for _, _, geomean in points] == pytest.approx([1.0, 1.0, 2.0, 4.0])
+
+
+def test_memory_points_name_the_recipe_where_several_ran():
+    labels = [label for label, _, _ in markdown._memory_points(_records("svd"))]
+    assert labels[2:] == ["whiten keep 0.8", "whiten keep 0.8, factors int4", "svd keep 0.8"]
