@@ -93,10 +93,16 @@ def test_lora_spec_validation_and_round_trip():
     assert CompressConfig.from_dict(config.to_dict()) == config
     old = {k: v for k, v in CompressConfig().to_dict().items() if k != "lora"}
     assert CompressConfig.from_dict(old) == CompressConfig()  # checkpoints from before the field
+    # Checkpoints from before the relative rule trained at one fixed rate: read back as that rate.
+    fixed = CompressConfig.from_dict({**old, "lora": {"steps": 16, "lr": 3e-5, "seq_len": 512}})
+    assert fixed.lora == LoraSpec(16, 3e-5, 512) and fixed.lora.lr == 3e-5
+    assert LoraSpec().lr is None and LoraSpec().relative_lr == 3e-4
     for kwargs, message in (
         ({"steps": 0}, "steps must be an integer >= 1"),
         ({"steps": True}, "steps must be an integer >= 1"),
         ({"lr": 0.0}, r"lr must be in \(0, 1\)"),
+        ({"relative_lr": 1.0}, r"relative_lr must be in \(0, 1\)"),
+        ({"relative_lr": None}, r"relative_lr must be in \(0, 1\)"),
         ({"seq_len": 1}, "seq_len must be >= 2"),
     ):
         with pytest.raises(ValueError, match=message):

@@ -69,7 +69,7 @@ def _config(**changes) -> CompressConfig:
         allocation="budget",
         sequential=True,
         heal="closed-form+lora",
-        lora=LoraSpec(4, 1e-4, 32),
+        lora=LoraSpec(4, None, 32, relative_lr=1e-3),  # each factor at its own rate
     )
     values.update(changes)
     return CompressConfig(**values)

@@ -144,19 +144,28 @@ class LoraSpec:
     """Healing by distillation (``heal="lora"``): how long and how hard to train the factors.
 
     Each step trains on one window of ``seq_len`` calibration tokens (drawn from the calibration
-    source with its own seed), with AdamW at peak learning rate ``lr``, a short warm-up and a linear
-    decay to zero.
+    source with its own seed), with AdamW, a short warm-up and a linear decay to zero. Each factor's
+    peak learning rate is ``relative_lr`` times its RMS (Adafactor's relative step): AdamW moves every
+    element by about its learning rate whatever the gradient's scale, so a fixed rate is a large step
+    for small factors and a small one for large factors. SmolLM2-135M's factors (RMS 0.08-0.12) then
+    train at about 3e-5, Qwen2.5-Coder-0.5B's (0.014-0.035) at 4e-6 to 1e-5, where a fixed 3e-5 made
+    its validation KL rise (BENCHMARKS.md). ``lr`` sets one fixed peak rate for every factor instead.
     """
 
     steps: int = 48
-    lr: float = 3e-5
+    lr: float | None = None
     seq_len: int = 512
+    relative_lr: float = 3e-4
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"lora steps must be an integer >= 1, got {self.steps!r}")
-        if not isinstance(self.lr, (int, float)) or not 0 < self.lr < 1:
-            raise ValueError(f"lora lr must be in (0, 1), got {self.lr!r}")
+        for name in ("lr", "relative_lr"):
+            value = getattr(self, name)
+            if name == "lr" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+                raise ValueError(f"lora {name} must be in (0, 1), got {value!r}")
         if self.seq_len < 2:
             raise ValueError(f"lora seq_len must be >= 2, got {self.seq_len}")
 
@@ -188,7 +197,7 @@ class CompressConfig:
             dense MLP's output; see :mod:`svdmlp.compression.heal.closed_form`); or ``"lora"`` (after factorising, train the
             low-rank factors to match the dense model's next-token distribution on calibration
             text; see :mod:`svdmlp.compression.heal.distill`); or ``"closed-form+lora"``, both in that order.
-        lora: steps, learning rate and window length of ``heal="lora"``.
+        lora: steps, learning rates and window length of ``heal="lora"``.
         factor_bits: 16 keeps the factors in floating point; 8 or 4 stores them quantized after
             healing (int8 per output channel, int4 in groups of 128: :mod:`svdmlp.int_weights`).
     """

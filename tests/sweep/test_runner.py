@@ -116,8 +116,22 @@ def test_recipes_compare_methods_at_equal_parameters(tmp_path, tokenizer, monkey
     assert records["whiten+sequential-keep0.5"]["healing"] == {}
     assert records["whiten+sequential-keep0.5"]["calibration"]["sequential"] is True
     report = (out / "report.md").read_text()
-    assert f"--method {recipes}" in report and "--heal-steps 2 --heal-lr 3e-05 --heal-seq-len 512" in report
+    assert (
+        f"--method {recipes}" in report
+        and "--heal-steps 2 --heal-relative-lr 0.0003 --heal-seq-len 512" in report
+    )
     assert main(argv[:-1] + ["3"]) == 2  # other healing steps: the whiten+lora point is another one
+    assert "was made with other compress" in capsys.readouterr().err
+
+    # A point from before the relative rate healed at one fixed rate: the same rate resumes it, the
+    # relative default does not.
+    path = out / "points" / "whiten+lora-keep0.5.json"
+    record = json.loads(path.read_text())
+    record["sweep"]["compress"]["lora"] = {"steps": 2, "lr": 3e-5, "seq_len": 512}
+    path.write_text(json.dumps(record))
+    compresses = count_calls(monkeypatch, pipeline, "compress")
+    assert main(argv + ["--heal-lr", "3e-5"]) == 0 and compresses == []
+    assert main(argv) == 2
     assert "was made with other compress" in capsys.readouterr().err
 
 

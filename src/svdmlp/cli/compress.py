@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from svdmlp.cli import options
-from svdmlp.config import EFFORTS, FACTOR_BITS, HEALS, METHODS, CalibrationSpec, CompressConfig, LoraSpec
+from svdmlp.config import EFFORTS, FACTOR_BITS, HEALS, METHODS, CalibrationSpec, CompressConfig
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -121,7 +121,7 @@ def config(args: argparse.Namespace) -> CompressConfig:
         allocation="budget" if allocate else "uniform",
         sequential=sequential,
         heal=heal,
-        lora=LoraSpec(steps, args.heal_lr, args.heal_seq_len),
+        lora=options.lora_spec(args, steps),
         factor_bits=args.factor_bits,
     )
 

@@ -141,7 +141,16 @@ def add_lora(parser: argparse.ArgumentParser, steps: int | None = LoraSpec.steps
         help=f"lora: training steps (default {steps if steps is not None else 'as --effort says'})",
     )
     parser.add_argument(
-        "--heal-lr", type=float, default=LoraSpec.lr, help="lora: peak learning rate (default %(default)s)"
+        "--heal-relative-lr",
+        type=float,
+        default=LoraSpec.relative_lr,
+        help="lora: each factor's peak learning rate as a fraction of its RMS (default %(default)s)",
+    )
+    parser.add_argument(
+        "--heal-lr",
+        type=float,
+        default=LoraSpec.lr,
+        help="lora: one fixed peak learning rate for every factor instead (default: each its own)",
     )
     parser.add_argument(
         "--heal-seq-len",
@@ -151,8 +160,10 @@ def add_lora(parser: argparse.ArgumentParser, steps: int | None = LoraSpec.steps
     )
 
 
-def lora_spec(args: argparse.Namespace) -> LoraSpec:
-    return LoraSpec(args.heal_steps, args.heal_lr, args.heal_seq_len)
+def lora_spec(args: argparse.Namespace, steps: int | None = None) -> LoraSpec:
+    """The healing flags' spec; ``steps`` when given stands for ``--heal-steps``."""
+    steps = args.heal_steps if steps is None else steps
+    return LoraSpec(steps, args.heal_lr, args.heal_seq_len, args.heal_relative_lr)
 
 
 # --- evaluation ---------------------------------------------------------------------------------

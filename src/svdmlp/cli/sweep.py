@@ -165,7 +165,11 @@ def command_line(args, sources: list[str]) -> str:
     words += ["--align", str(args.align), "--calib", args.calib]
     words += ["--calib-samples", str(args.calib_samples), "--calib-seq-len", str(args.calib_seq_len)]
     if any("lora" in recipe.split("+") for recipe in args.method):
-        words += ["--heal-steps", str(args.heal_steps), "--heal-lr", f"{args.heal_lr:g}"]
+        words += ["--heal-steps", str(args.heal_steps)]
+        if args.heal_lr is None:
+            words += ["--heal-relative-lr", f"{args.heal_relative_lr:g}"]
+        else:
+            words += ["--heal-lr", f"{args.heal_lr:g}"]
         words += ["--heal-seq-len", str(args.heal_seq_len)]
     if args.tasks:
         words += ["--tasks", ",".join(args.tasks)]

@@ -408,6 +408,7 @@ def _heal_by_distillation(
         "method": "lora",
         **result.to_dict(),
         "lr": lora.lr,
+        "relative_lr": lora.relative_lr,
         "seq_len": lora.seq_len,
         "sha256": tokens_hash(training),
     }

@@ -158,6 +158,15 @@ def layer_table(report: CompressionReport) -> str:
     return format_table(header + ["KL alone (nats/token) -> predicted"] * bool(allocated), rows)
 
 
+def _rates(healing: dict) -> str:
+    """The peak learning rates distillation used, and their rule (reports from before the rule had
+    one fixed rate, ``lr``)."""
+    if healing.get("lr") is not None:
+        return f" at peak lr {healing['lr']:.2g}"
+    low, high = healing["peak_lr"]
+    return f" at peak lr {low:.2g} to {high:.2g} ({healing['relative_lr']:g} x each factor's RMS)"
+
+
 def heal_line(report: CompressionReport) -> str:
     """What healing changed, on the calibration data, one line per stage ("" when nothing was healed)."""
     lines = []
@@ -176,8 +185,9 @@ def heal_line(report: CompressionReport) -> str:
     if report.healing:
         h = report.healing
         lines.append(
-            f"healing (lora): {h['steps']} steps of {h['seq_len']} tokens in {h['seconds']:.1f} s; "
-            f"validation KL to the dense model {h['kl_before']:.4f} -> {h['kl_after']:.4f} nats/token"
+            f"healing (lora): {h['steps']} steps of {h['seq_len']} tokens in {h['seconds']:.1f} s"
+            + _rates(h)
+            + f"; validation KL to the dense model {h['kl_before']:.4f} -> {h['kl_after']:.4f} nats/token"
             + ("; it rose, so the factors from before healing were kept" if h.get("reverted") else "")
         )
         if h.get("losses"):

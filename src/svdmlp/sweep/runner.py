@@ -25,7 +25,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,7 +35,7 @@ from svdmlp.compression import pipeline
 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import CompressionReport, count_parameters
 from svdmlp.compression.report import mlp_bytes as report_mlp_bytes
-from svdmlp.config import FACTOR_BITS, CompressConfig
+from svdmlp.config import FACTOR_BITS, CompressConfig, LoraSpec
 from svdmlp.evaluate import suite
 from svdmlp.quantize import quantize_mlp
 
@@ -272,7 +272,8 @@ def _relevant(identity: dict, point: Point) -> dict:
     A finished point is reused whenever these match, so a dense point serves any sweep of the same
     texts, and a new healing default leaves the others. Settings added since a point was written count
     at their defaults (``bos``: the model's convention, which is what those points were scored with for
-    every model they ran on; a point's factor bits are in its name, not its sweep's settings)."""
+    every model they ran on; distillation's relative rate, which a fixed ``lr`` leaves unused; a
+    point's factor bits are in its name, not its sweep's settings)."""
     identity = {**identity, "settings": {**suite.EvalSettings().to_dict(), **identity["settings"]}}
     compress = {k: v for k, v in identity["compress"].items() if k != "factor_bits"}
     if point.method == "dense":
@@ -281,7 +282,10 @@ def _relevant(identity: dict, point: Point) -> dict:
             identity["compress"] = {k: compress[k] for k in ("calibration", "seed")}
         return identity
     if CompressConfig().with_recipe(point.method).heals_lora:
-        return {**identity, "compress": compress}
+        lora = {**asdict(LoraSpec()), **compress["lora"]}
+        if lora["lr"] is not None:  # one fixed rate: the relative one is not used
+            lora.pop("relative_lr")
+        return {**identity, "compress": {**compress, "lora": lora}}
     return {**identity, "compress": {k: v for k, v in compress.items() if k != "lora"}}
 
 

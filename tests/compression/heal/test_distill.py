@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import SAMPLE_TEXT, tiny_model
-from svdmlp import arch, checkpoint
+from svdmlp import arch, checkpoint, lowrank
 from svdmlp.cli import main
 from svdmlp.compression import pipeline
 from svdmlp.compression.calibration import token_windows
@@ -74,6 +74,49 @@ def test_distillation_lowers_the_calibration_loss_and_touches_only_the_factors(t
             assert not torch.equal(parameter, factors[name]) and not parameter.requires_grad
             assert parameter.grad is None
     assert all(m.backend == "torch" for m in model.modules() if isinstance(m, LowRankGatedMLP))
+
+
+def test_a_factors_peak_rate_is_its_rms_times_the_relative_rate_unless_one_is_fixed():
+    factor = torch.full((8, 4), -0.05)
+    assert distill.peak_rate(LoraSpec(relative_lr=1e-3), factor) == pytest.approx(5e-5)
+    assert distill.peak_rate(LoraSpec(relative_lr=1e-3), factor * 10) == pytest.approx(5e-4)
+    assert distill.peak_rate(LoraSpec(lr=2e-5, relative_lr=1e-3), factor) == 2e-5
+    floor = distill.RMS_FLOOR * 1e-3
+    assert distill.peak_rate(LoraSpec(relative_lr=1e-3), torch.zeros(3, 3)) == pytest.approx(floor)
+
+
+# The U-side factors (1) and the V-side ones (-1): U scaled by c and V by 1/c is the same model.
+_SIDES = {"u_t": 1, "v_t": -1, "gate_up_u_t": 1, "gate_v_t": -1, "up_v_t": -1, "down_u_t": 1, "down_v_t": -1}
+
+
+def _rescaled(model, c):
+    with torch.no_grad():
+        for module in lowrank.lowrank_modules(model):
+            for name in module.FACTORS:
+                getattr(module, name).mul_(c ** _SIDES[name])
+    return model
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_the_relative_rate_trains_rescaled_factors_along_the_same_path(tokenizer, fixed):
+    model, teacher, _ = _compressed("llama", tokenizer)
+    twin, twin_teacher, _ = _compressed("llama", tokenizer)  # the same model, made again
+    with torch.no_grad():
+        torch.testing.assert_close(_rescaled(twin, 4.0)(IDS).logits, model(IDS).logits, rtol=1e-4, atol=1e-4)
+    windows = _windows(tokenizer, 4, 1)
+    spec = LoraSpec(6, 1e-3 if fixed else None, 32, relative_lr=1e-2)
+    result = distill.distill(model, teacher, windows, {"a": windows}, spec, progress=False)
+    rescaled = distill.distill(twin, twin_teacher, windows, {"a": windows}, spec, progress=False)
+    if fixed:  # one rate for all: the small factors take relatively larger steps
+        assert not result.losses[1:] == pytest.approx(rescaled.losses[1:], rel=1e-3)
+        return
+    assert rescaled.peak_lr != pytest.approx(result.peak_lr, rel=0.1)  # other rates, the same path:
+    assert rescaled.losses == pytest.approx(result.losses, rel=1e-4)
+    assert rescaled.kl_after == pytest.approx(result.kl_after, rel=1e-4)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            _rescaled(twin, 1 / 4)(IDS).logits, model(IDS).logits, rtol=1e-3, atol=1e-4
+        )
 
 
 def test_half_precision_factors_train_through_float32_masters(tokenizer):
@@ -162,18 +205,27 @@ def test_compress_with_lora_records_the_healing(tokenizer, method):
     assert report.seconds >= sum(report.timings.values()) - 1e-6
 
 
-def test_cli_heal_lora_reaches_the_checkpoint(model_dir, text_file, tmp_path, capsys):
+@pytest.mark.parametrize("rate", [["--heal-lr", "0.001"], ["--heal-relative-lr", "0.002"]])
+def test_cli_heal_lora_reaches_the_checkpoint(model_dir, text_file, tmp_path, capsys, rate):
     out = tmp_path / "out"
     argv = ["compress", model_dir, "--calib", text_file, "--out", out, "--align", "8", "--keep", "0.5"]
     argv += ["--effort", "fast"]
     argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--heal", "lora", "--heal-steps", "3"]
-    argv += ["--heal-lr", "0.001", "--heal-seq-len", "16"]
+    argv += [*rate, "--heal-seq-len", "16"]
     assert main([str(a) for a in argv]) == 0
-    assert "healing (lora): 3 steps of 16 tokens" in capsys.readouterr().out
+    printed = capsys.readouterr().out
     metadata = checkpoint.read_metadata(out)
     assert metadata["config"]["heal"] == "lora"
-    assert metadata["config"]["lora"] == {"steps": 3, "lr": 0.001, "seq_len": 16}
-    assert metadata["report"]["healing"]["steps"] == 3
+    healing = metadata["report"]["healing"]
+    assert healing["steps"] == 3
+    if rate[0] == "--heal-lr":
+        assert metadata["config"]["lora"] == {"steps": 3, "lr": 0.001, "seq_len": 16, "relative_lr": 3e-4}
+        assert "healing (lora): 3 steps of 16 tokens" in printed and "at peak lr 0.001;" in printed
+        assert healing["peak_lr"] == [0.001, 0.001]
+    else:
+        assert metadata["config"]["lora"] == {"steps": 3, "lr": None, "seq_len": 16, "relative_lr": 0.002}
+        low, high = healing["peak_lr"]
+        assert 0 < low < high and f"at peak lr {low:.2g} to {high:.2g} (0.002 x each factor's RMS)" in printed
     checkpoint.load(out)  # loads like any checkpoint: healing adds no tensors
 
 

@@ -11,7 +11,7 @@ Shakespeare).
 The dense teacher costs no copy of the model: compression keeps the dense MLP modules aside and
 :class:`DenseTeacher` swaps them back in for the teacher's forward pass. Factors stored in a
 half-precision dtype are trained through float32 master copies (AdamW's small updates vanish in
-bf16).
+bf16). Each factor's peak learning rate follows its own scale (:func:`peak_rate`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -35,6 +36,19 @@ from svdmlp.config import LoraSpec
 
 # Fraction of the steps spent warming the learning rate up (at least one step).
 WARMUP = 0.1
+# The smallest RMS a relative step is taken from (Adafactor's ε₂), so that a factor near zero still moves.
+RMS_FLOOR = 1e-3
+
+
+def peak_rate(spec: LoraSpec, factor: torch.Tensor) -> float:
+    """A factor's peak learning rate: ``spec.lr`` when set, else ``spec.relative_lr`` times the
+    factor's RMS. AdamW moves each element by about its learning rate whatever the gradient's scale,
+    so this moves every factor by the same fraction of itself: factors rescaled by c (and their
+    partners by 1/c, the same model) train along the same path."""
+    if spec.lr is not None:
+        return spec.lr
+    rms = float(factor.detach().float().square().mean().sqrt())
+    return spec.relative_lr * max(RMS_FLOOR, rms)
 
 
 class DenseTeacher:
@@ -83,6 +97,7 @@ class DistillResult:
     # Each step's training KL, on a window no earlier step trained on (while steps <= windows): how
     # the run went, where the validation says only where it ended.
     losses: list[float] = field(default_factory=list)
+    peak_lr: tuple[float, float] = (0.0, 0.0)  # the smallest and largest factor's peak learning rate
 
     def to_dict(self) -> dict:
         return {
@@ -94,6 +109,7 @@ class DistillResult:
             "reverted": self.reverted,
             "kl_by_source": self.kl_by_source,
             "losses": self.losses,
+            "peak_lr": list(self.peak_lr),
         }
 
 
@@ -217,11 +233,11 @@ def _distill(model, teacher, windows, validation, spec, progress, weights, start
         for step in bar:
             ids = windows[step % len(windows)][None].to(next(model.parameters()).device)
             target = _teacher_logits(model, teacher, ids)
-            loss = trainer.step(ids, target, spec.lr * _schedule(spec.steps)(step))
+            loss = trainer.step(ids, target, _schedule(spec.steps)(step))
             if not math.isfinite(loss):
                 raise ValueError(
                     f"healing diverged: the loss is {loss} at step {step}; lower the learning "
-                    "rate (--heal-lr) or check the model for inf/NaN activations"
+                    "rate (--heal-relative-lr, or --heal-lr) or check the model for inf/NaN activations"
                 )
             losses.append(loss)
             bar.set_postfix(kl=f"{loss:.4f}")
@@ -240,28 +256,34 @@ def _distill(model, teacher, windows, validation, spec, progress, weights, start
         reverted=reverted,
         kl_by_source={name: {"before": kl_before[name], "after": kl_after[name]} for name in validation},
         losses=losses,
+        peak_lr=(min(trainer.peaks), max(trainer.peaks)),
     )
 
 
 class _InMemory:
-    """Training of a model in memory: one AdamW over every factor (float32 master copies)."""
+    """Training of a model in memory: one AdamW over every factor (float32 master copies), each
+    factor its own parameter group at its own peak rate."""
 
     def __init__(self, model: nn.Module, spec: LoraSpec):
-        self.model = model
+        self.model, self.lora = model, spec
         self.factors = [p for m in lowrank.lowrank_modules(model) for p in m.parameters()]
         self.before = [p.detach().clone() for p in self.factors]
-        self.lr = spec.lr
 
     def __enter__(self):
         self._context = _trainable_factors(self.model)
         self.pairs = self._context.__enter__()
-        self.optimizer = torch.optim.AdamW([master for _, master in self.pairs], lr=self.lr, weight_decay=0.0)
+        self.peaks = [peak_rate(self.lora, master) for _, master in self.pairs]
+        groups = [
+            {"params": [master], "lr": peak} for (_, master), peak in zip(self.pairs, self.peaks, strict=True)
+        ]
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
         return self
 
     def __exit__(self, *exc):
         return self._context.__exit__(*exc)
 
-    def step(self, ids: torch.Tensor, target: torch.Tensor, lr: float) -> float:
+    def step(self, ids: torch.Tensor, target: torch.Tensor, scale: float) -> float:
+        """One step at ``scale`` times each factor's peak rate; the training KL before it."""
         loss = token_kl(self.model(input_ids=ids, use_cache=False).logits, target)
         if not torch.isfinite(loss):
             return float(loss.detach())
@@ -270,7 +292,8 @@ class _InMemory:
             if master is not parameter:
                 master.grad = parameter.grad.float()
                 parameter.grad = None
-        self.optimizer.param_groups[0]["lr"] = lr
+        for group, peak in zip(self.optimizer.param_groups, self.peaks, strict=True):
+            group["lr"] = peak * scale
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
@@ -297,11 +320,13 @@ class _OnDisk:
     factors' gradients are complete once its backward has run (the layers above were run with their
     weights from before the step), so its AdamW step is taken there and the layer written back, with
     its optimizer state in a file beside it. Without gradient clipping this is the same update as one
-    AdamW over all factors. The factors are the layers' own float32 files (no master copies).
+    AdamW over all factors. The factors are the layers' own float32 files (no master copies); each
+    factor's peak rate is taken from it at its layer's first step, before any update.
     """
 
     def __init__(self, model: nn.Module, weights: lazy.DiskWeights, spec: LoraSpec):
-        self.model, self.weights = model, weights
+        self.model, self.weights, self.lora = model, weights, spec
+        self.rates: dict[Path, list[float]] = {}  # each trained layer's factors' peak rates
         self.spec = arch.of_model(model)
         self.layers = arch.decoder_layers(model, self.spec)
         self.trained = lowrank.compressed_layers(model)
@@ -333,7 +358,12 @@ class _OnDisk:
         for p, flag in self.frozen:
             p.requires_grad_(flag)
 
-    def step(self, ids: torch.Tensor, target: torch.Tensor, lr: float) -> float:
+    @property
+    def peaks(self) -> list[float]:
+        return [rate for rates in self.rates.values() for rate in rates]
+
+    def step(self, ids: torch.Tensor, target: torch.Tensor, scale: float) -> float:
+        """One step at ``scale`` times each factor's peak rate; the training KL before it."""
         batch = capture(self.model, self.spec, ids, len(self.layers) - 1, 1)[0]
         inputs, hidden = [], batch.hidden
         with torch.no_grad():
@@ -354,17 +384,22 @@ class _OnDisk:
                     parameter.requires_grad_(True)
                 gradient = input_gradient(layer, inputs.pop(), batch.kwargs[index], gradient)
                 if factors:
-                    self._adamw(layer, factors, lr)
+                    self._adamw(layer, factors, scale)
                     self.weights.store(layer)
                 for parameter in factors:
                     parameter.requires_grad_(False)
         return loss
 
-    def _adamw(self, layer: nn.Module, factors: list[nn.Parameter], lr: float) -> None:
+    def _adamw(self, layer: nn.Module, factors: list[nn.Parameter], scale: float) -> None:
         """One AdamW step on ``factors``, its state read from and written to the layer's state file."""
         path = self.weights.stored[id(layer)]
         state_path = path.with_name(path.name + ".adamw")
-        optimizer = torch.optim.AdamW(factors, lr=lr, weight_decay=0.0)
+        if path not in self.rates:
+            self.rates[path] = [peak_rate(self.lora, p) for p in factors]
+        groups = [
+            {"params": [p], "lr": rate * scale} for p, rate in zip(factors, self.rates[path], strict=True)
+        ]
+        optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
         if state_path.is_file():
             saved = load_file(state_path)
             for k, parameter in enumerate(factors):
