@@ -5,7 +5,8 @@
 ``DENSE.json`` is a sweep point (``OUT/points/dense.json``) or an ``svdmlp eval --json`` file whose
 first row is the dense model; each ``RESULT.json`` is a sweep point or an ``svdmlp eval --json`` file
 (its last row is taken, e.g. one scored with ``--no-baseline``). Every result must have scored the
-same texts as the dense one. Columns: each text's ratio, the geometric mean over the built-in held-out
+same texts as the dense one; a text file is known by its name without folder and suffix, so the same
+file scored from another folder matches. Columns: each text's ratio, the geometric mean over the built-in held-out
 domains and over all texts, the achieved keep and the compression seconds.
 """
 
@@ -21,9 +22,11 @@ from svdmlp.tables import markdown_table
 
 
 def _row(path: str, first: bool = False) -> dict:
-    """A sweep point, or one row of an ``svdmlp eval --json`` file: its first (the dense baseline) or last."""
+    """A sweep point, or one row of an ``svdmlp eval --json`` file: its first (the dense baseline) or
+    last; its perplexities keyed by text name (a file's stem)."""
     data = json.loads(Path(path).read_text())
-    return data["rows"][0 if first else -1] if "rows" in data else data
+    row = data["rows"][0 if first else -1] if "rows" in data else data
+    return {**row, "perplexity": {Path(n).stem: value for n, value in row["perplexity"].items()}}
 
 
 def main(dense_path: str, results: list[str]) -> str:
@@ -31,7 +34,7 @@ def main(dense_path: str, results: list[str]) -> str:
     names = [n for n in HELDOUT_SOURCES if n in dense] + [n for n in dense if n not in HELDOUT_SOURCES]
     headers = [
         "recipe",
-        *(Path(n).stem for n in names),
+        *names,
         "geomean domains",
         "geomean all",
         "keep",
