@@ -160,10 +160,8 @@ class LoraSpec:
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"lora steps must be an integer >= 1, got {self.steps!r}")
-        for name in ("lr", "relative_lr"):
-            value = getattr(self, name)
-            if name == "lr" and value is None:
-                continue
+        rates = {"relative_lr": self.relative_lr, **({} if self.lr is None else {"lr": self.lr})}
+        for name, value in rates.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
                 raise ValueError(f"lora {name} must be in (0, 1), got {value!r}")
         if self.seq_len < 2:
