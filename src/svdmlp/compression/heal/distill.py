@@ -51,6 +51,11 @@ def peak_rate(spec: LoraSpec, factor: torch.Tensor) -> float:
     return spec.relative_lr * max(RMS_FLOOR, rms)
 
 
+def _param_groups(factors: list[torch.Tensor], rates: list[float], scale: float = 1.0) -> list[dict]:
+    """AdamW's parameter groups: one per factor, at ``scale`` times its peak rate."""
+    return [{"params": [f], "lr": rate * scale} for f, rate in zip(factors, rates, strict=True)]
+
+
 class DenseTeacher:
     """The dense MLP modules of some layers, kept before compression replaces them.
 
@@ -273,10 +278,8 @@ class _InMemory:
         self._context = _trainable_factors(self.model)
         self.pairs = self._context.__enter__()
         self.peaks = [peak_rate(self.lora, master) for _, master in self.pairs]
-        groups = [
-            {"params": [master], "lr": peak} for (_, master), peak in zip(self.pairs, self.peaks, strict=True)
-        ]
-        self.optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+        masters = [master for _, master in self.pairs]
+        self.optimizer = torch.optim.AdamW(_param_groups(masters, self.peaks), weight_decay=0.0)
         return self
 
     def __exit__(self, *exc):
@@ -396,10 +399,7 @@ class _OnDisk:
         state_path = path.with_name(path.name + ".adamw")
         if path not in self.rates:
             self.rates[path] = [peak_rate(self.lora, p) for p in factors]
-        groups = [
-            {"params": [p], "lr": rate * scale} for p, rate in zip(factors, self.rates[path], strict=True)
-        ]
-        optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+        optimizer = torch.optim.AdamW(_param_groups(factors, self.rates[path], scale), weight_decay=0.0)
         if state_path.is_file():
             saved = load_file(state_path)
             for k, parameter in enumerate(factors):
