@@ -60,6 +60,17 @@ def test_time_grows_with_the_layers_and_the_line_says_it():
     assert footprint.Rates(1.0, 2.0).root(10) == footprint.ROOT_FLOPS * 1000 / 2.0
 
 
+def test_work_is_timed_at_the_achieved_fraction_of_the_measured_rates(monkeypatch):
+    config = _config(heal="closed-form+lora", lora=LoraSpec(16, 3e-5, 512))
+    predicted, achieved = footprint.predict(LLAMA_1B, config, 2, True, RATES), footprint.ACHIEVED
+    monkeypatch.setattr(footprint, "ACHIEVED", 1.0)
+    at_full_rate = footprint.predict(LLAMA_1B, config, 2, True, RATES)
+    assert predicted.seconds == pytest.approx(
+        {step: seconds / achieved for step, seconds in at_full_rate.seconds.items()}
+    )
+    assert predicted.to_dict()["rates_flops"] == {"float32": RATES.f32, "float64": RATES.f64}  # as measured
+
+
 def test_the_pace_line_scales_the_steps_left_by_the_pace_so_far():
     prediction = footprint.Footprint(
         {}, {"calibration": 60.0, "allocation": 120.0, "factorisation": 60.0}, RATES

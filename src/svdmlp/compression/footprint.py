@@ -7,8 +7,8 @@ their Cholesky roots in float64 (a root is one n² buffer: the copy of a Gram, o
 disk, factorised in place), logits in float32, calibration activations, plus the interpreter with torch and
 transformers loaded. Time is counted in floating-point operations at rates measured on this machine
 in a fraction of a second (:meth:`Rates.measure`): forward passes at the float32 matrix-product rate,
-Gram accumulation, roots (``ROOT_FLOPS·n³``), weightings and SVDs at the float64 one.
-BENCHMARKS.md compares both with measured runs.
+Gram accumulation, roots (``ROOT_FLOPS·n³``), weightings and SVDs at the float64 one, each at
+:data:`ACHIEVED` of that rate. BENCHMARKS.md compares both with measured runs.
 """
 
 from __future__ import annotations
@@ -70,6 +70,12 @@ class Shapes:
 # ridge, as c·n³ at the float64 product rate: 0.4 fits decompose.Whitening.from_gram at n = 8192 on the
 # development machine (5.5 s at 48 GFLOP/s, before the power iteration was cut from 32 to 12 passes).
 ROOT_FLOPS = 0.4
+# The fraction of a 1024³ product's rate that a compression's mixed work reaches on average (SVDs and
+# triangular solves, autograd, products of small or skinny matrices, reading weights from disk):
+# counted at the full rate, measured runs took 1.49× (Qwen2.5-Coder-0.5B, default recipe), 1.59×
+# (SmolLM2-135M, thorough) and about 1.4× (Qwen2.5-Coder-1.5B, projected from its first steps) the
+# predicted time on 2 cores (BENCHMARKS.md, 2026-12-03).
+ACHIEVED = 0.67
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,10 @@ class Rates:
     def root(self, n: int) -> float:
         """Seconds of an ``n × n`` float64 Cholesky root (:class:`~svdmlp.compression.decompose.Whitening`)."""
         return ROOT_FLOPS * n**3 / self.f64
+
+    def achieved(self) -> Rates:
+        """The rates a compression's work reaches on average: :data:`ACHIEVED` of these."""
+        return Rates(self.f32 * ACHIEVED, self.f64 * ACHIEVED)
 
 
 @dataclass(frozen=True)
@@ -179,6 +189,7 @@ def predict(
     """The footprint of compressing ``compressed`` decoder layers of a model of ``shapes`` as ``config``
     says, its weights read from disk one unit at a time (``on_disk``) or held in memory; with
     ``resident_healing``, a model on disk loaded whole for distillation."""
+    speed = rates.achieved()
     h, i, vocab = shapes.hidden, shapes.inter, shapes.vocab
     calibration = config.calibration
     tokens = calibration.num_samples * (calibration.seq_len + 1)
@@ -193,7 +204,7 @@ def predict(
     forward = 2 * shapes.params * tokens  # FLOPs of one pass over the calibration windows
     if not config.needs_calibration:
         memory["factorisation"] = model + layer + 2 * i * h * F64
-        seconds["factorisation"] = compressed * 3 * 4 * h * h * i / rates.f64
+        seconds["factorisation"] = compressed * 3 * 4 * h * h * i / speed.f64
         return Footprint(memory, seconds, rates)
     fisher = config.needs_output_grams
     if fisher:
@@ -201,25 +212,25 @@ def predict(
         head = (embedding if on_disk else 0) + window * vocab * F32 * LOGIT_COPIES
         memory["calibration"] = model + max(head, layer + held + 2 * hidden_states)
         seconds["calibration"] = (
-            3 * forward / rates.f32 + compressed * tokens * 2 * (2 * i * i + h * h) / rates.f64
+            3 * forward / speed.f32 + compressed * tokens * 2 * (2 * i * i + h * h) / speed.f64
         )
     # Per layer: its input Grams' accumulation, the roots of its Grams (input, and output with fisher),
     # and each projection's weighting, SVD and return through the roots.
-    roots = rates.root(i) + rates.root(h) + (2 * rates.root(i) + rates.root(h) if fisher else 0)
+    roots = speed.root(i) + speed.root(h) + (2 * speed.root(i) + speed.root(h) if fisher else 0)
     factorise = (
         tokens * 2 * (h * h + i * i)
         + 12 * h * h * i
         + 3 * h * i * i
         + 6 * h * h * i
         + (6 * h * i * i if fisher else 0)
-    ) / rates.f64 + roots
+    ) / speed.f64 + roots
     probe_tokens = SENSITIVITY_TOKENS
     per_layer = model + layer + input_grams + hidden_states
     if config.allocation == "budget":
         # The embeddings, then the head, one at a time; the dense and the probed log-probabilities.
         probe = (vocab * h * F32 if on_disk else 0) + probe_tokens * vocab * F32 * 2
         memory["allocation"] = per_layer + max(_root_bytes(i), probe)
-        seconds["allocation"] = compressed * (factorise + 2 * shapes.params * probe_tokens / 2 / rates.f32)
+        seconds["allocation"] = compressed * (factorise + 2 * shapes.params * probe_tokens / 2 / speed.f32)
     # A layer's peak: the root of one Gram beside its input Grams, or closed form's two Grams (one of
     # which becomes its own root) and its MLP inputs.
     closed_form = (2 * i * i * F64 + hidden_states) if config.heals_closed_form else 0
@@ -228,8 +239,8 @@ def predict(
     memory["factorisation"] = (
         per_layer + max(_root_bytes(i), closed_form) + (compressed * input_grams if reused else 0)
     )
-    seconds["factorisation"] = (forward / rates.f32 if config.sequential else 0) + compressed * (
-        factorise + (rates.root(i) if config.heals_closed_form else 0)
+    seconds["factorisation"] = (forward / speed.f32 if config.sequential else 0) + compressed * (
+        factorise + (speed.root(i) if config.heals_closed_form else 0)
     )
     if config.heals_lora:
         rank = max(1, int(config.keep * h * i / (h + i)))
@@ -244,7 +255,7 @@ def predict(
             seq = config.lora.seq_len + 1
             kept = shapes.layers * (shapes.heads * seq * seq + 8 * seq * (h + i)) * F32
             memory["healing"] = BASE_BYTES + shapes.params * F32 + factors * 3 * F32 + logits + kept
-        seconds["healing"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / rates.f32
+        seconds["healing"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / speed.f32
     return Footprint(memory, seconds, rates)
 
 
@@ -270,5 +281,7 @@ def predict_sweep(
         for step, value in point.seconds.items():
             if step != "calibration" or step not in seconds:
                 seconds[step] = seconds.get(step, 0.0) + value
+    # Scoring is large float32 products, at the full rate (Qwen2.5-Coder-0.5B's eight texts: 7 min measured,
+    # 9 predicted).
     seconds["evaluation"] = scores * 2 * shapes.params * eval_tokens / rates.f32
     return Footprint(memory, seconds, rates)
