@@ -76,6 +76,29 @@ def test_sequential_equals_compressing_one_layer_at_a_time(model_type, tokenizer
         torch.testing.assert_close(model(IDS).logits, reference(IDS).logits, rtol=1e-4, atol=1e-4)
 
 
+def test_dense_walk_gives_the_dense_grams_running_each_layer_once(tokenizer):
+    """With ``dense`` every layer gets the dense model's Grams whatever the caller does to the layers
+    before it, and each layer runs once per batch (its calibration run carries the hidden states)."""
+    spec = arch.resolve("llama")
+    windows = calibration.token_windows(tokenizer, SAMPLE_TEXT, 4, 32, seed=0)
+    model = tiny_model("llama", num_hidden_layers=3)
+    expected = calibration.collect_grams(
+        tiny_model("llama", num_hidden_layers=3), spec, windows, [0, 1, 2], progress=False
+    )
+    runs = [0, 0, 0]
+    for index, layer in enumerate(arch.decoder_layers(model, spec)):
+        layer.register_forward_pre_hook(
+            lambda module, args, index=index: runs.__setitem__(index, runs[index] + 1)
+        )
+    walk = sequential.calibrated_layers(
+        model, spec, windows, [0, 1, 2], progress=False, batch_size=2, dense=True
+    )
+    for index, grams, _ in walk:
+        _assert_grams_close(grams, expected[index])
+        factorise.layer(model, spec, index, {"gate": 16, "up": 16, "down": 16}, grams)
+    assert runs == [2, 2, 2]  # two batches of two windows, each layer once
+
+
 def test_inputs_are_handed_over_for_closed_form_healing(tokenizer):
     """With keep_inputs each layer comes with the MLP's input batches; their Gram is the gate/up Gram."""
     spec = arch.resolve("qwen2")

@@ -366,8 +366,9 @@ def quantize_factors(model: nn.Module, tokenizer, config: CompressConfig, progre
 
 def _dense_layers(model, spec, tokens, indices, outputs):
     """``(index, Grams)`` of the dense model's layers ``indices``, made one layer at a time (the
-    model is left dense between items), with their output-gradient Grams attached."""
-    for index, layer_grams, _ in sequential.calibrated_layers(model, spec, tokens, indices, progress=False):
+    model is left dense between items, so each layer runs once), with their output-gradient Grams attached."""
+    walk = sequential.calibrated_layers(model, spec, tokens, indices, progress=False, dense=True)
+    for index, layer_grams, _ in walk:
         layer_grams.outputs = outputs.get(index)
         layer_grams.keep_whitenings = lazy.of(model) is None
         yield index, layer_grams

@@ -50,10 +50,16 @@ class _Taps:
 
 @torch.no_grad()
 def _calibrate_layer(
-    layer: nn.Module, spec: arch.ArchSpec, batches: list[Batch], index: int, keep_inputs: bool
+    layer: nn.Module,
+    spec: arch.ArchSpec,
+    batches: list[Batch],
+    index: int,
+    keep_inputs: bool,
+    outputs: list[torch.Tensor] | None = None,
 ) -> tuple[LayerGrams, list[torch.Tensor] | None]:
     """Grams of layer ``index``'s (still dense) MLP on the compressed model's inputs, and with
-    ``keep_inputs`` the MLP's input batches themselves."""
+    ``keep_inputs`` the MLP's input batches themselves; the layer's output of each batch is appended to
+    ``outputs`` when given."""
     mlp = getattr(layer, spec.mlp)
     down = getattr(mlp, spec.down)
     hidden, inter = getattr(mlp, spec.gate).in_features, down.in_features
@@ -61,7 +67,9 @@ def _calibrate_layer(
     inputs = [] if keep_inputs else None
     with _Taps(mlp, down) as taps:
         for batch in batches:
-            run_layer(layer, batch.hidden, batch.kwargs[index])
+            output = run_layer(layer, batch.hidden, batch.kwargs[index])
+            if outputs is not None:
+                outputs.append(output)
             accumulate_gram(grams.gate_up, taps.mlp_input)
             accumulate_gram(grams.down, taps.down_input)
             grams.tokens += taps.mlp_input.numel() // hidden
@@ -96,8 +104,8 @@ def calibrated_layers(
             layer is calibrated on the dense model (one-shot calibration, one layer at a time).
     """
 
-    def calibrate(layer, batches, index):
-        return _calibrate_layer(layer, spec, batches, index, keep_inputs)
+    def calibrate(layer, batches, index, outputs):
+        return _calibrate_layer(layer, spec, batches, index, keep_inputs, outputs)
 
     desc = "one-shot" if dense else "sequential"
     for index, (grams, inputs) in _walk(
@@ -120,7 +128,7 @@ def lowrank_inputs(
     layer and its input batches, on the model as the caller has changed it so far (as
     :func:`calibrated_layers`, whose walk it shares: the caller changes the layer before the next item)."""
 
-    def taps(layer, batches, index):
+    def taps(layer, batches, index, outputs):
         inputs = {module: [] for module in lowrank.lowrank_modules(layer)}
         handles = [
             module.register_forward_pre_hook(lambda module, args: inputs[module].append(args[0]))
@@ -128,7 +136,9 @@ def lowrank_inputs(
         ]
         try:
             for batch in batches:
-                run_layer(layer, batch.hidden, batch.kwargs[index])
+                output = run_layer(layer, batch.hidden, batch.kwargs[index])
+                if outputs is not None:
+                    outputs.append(output)
         finally:
             for handle in handles:
                 handle.remove()
@@ -139,8 +149,11 @@ def lowrank_inputs(
 
 def _walk(model, spec, windows, indices, visit, batch_size, progress, desc, dense):
     """Carry the calibration windows through the decoder layers, yielding ``(index, visit(layer,
-    batches, index))`` at each of ``indices`` before running the layer on (``dense``: the dense
-    layer's outputs, computed before the caller changes it)."""
+    batches, index, outputs))`` at each of ``indices`` before running the layer on.
+
+    ``dense``: carry the dense layer's outputs, which ``visit`` runs the layer for and appends to
+    ``outputs`` (a list; None otherwise) before the caller changes it: each layer runs once. Otherwise
+    the layer runs again, as the caller left it."""
     if not indices:
         return
     layers = arch.decoder_layers(model, spec)
@@ -150,12 +163,15 @@ def _walk(model, spec, windows, indices, visit, batch_size, progress, desc, dens
     for index in tqdm(range(last + 1), desc=desc, unit="layer", disable=not progress):
         layer = layers[index]
         with lazy.held(model, layer):  # loaded once for calibration, compression and the run
-            after = None
-            if dense and index < last:  # the dense layer's outputs, before the caller compresses it
-                after = [run_layer(layer, batch.hidden, batch.kwargs[index]) for batch in batches]
+            dense_outputs = None
             if index in wanted:
-                yield index, visit(layer, batches, index)
+                dense_outputs = [] if dense and index < last else None
+                yield index, visit(layer, batches, index, dense_outputs)
             if index == last:
                 break  # nothing after the last compressed layer needs its inputs
             for k, batch in enumerate(batches):
-                batch.hidden = after[k] if dense else run_layer(layer, batch.hidden, batch.kwargs[index])
+                batch.hidden = (
+                    dense_outputs[k]
+                    if dense_outputs is not None
+                    else run_layer(layer, batch.hidden, batch.kwargs[index])
+                )
