@@ -128,7 +128,7 @@ def lowrank_inputs(
     layer and its input batches, on the model as the caller has changed it so far (as
     :func:`calibrated_layers`, whose walk it shares: the caller changes the layer before the next item)."""
 
-    def taps(layer, batches, index, outputs):
+    def taps(layer, batches, index, _outputs):  # not a dense walk: its outputs are never asked for
         inputs = {module: [] for module in lowrank.lowrank_modules(layer)}
         handles = [
             module.register_forward_pre_hook(lambda module, args: inputs[module].append(args[0]))
@@ -136,9 +136,7 @@ def lowrank_inputs(
         ]
         try:
             for batch in batches:
-                output = run_layer(layer, batch.hidden, batch.kwargs[index])
-                if outputs is not None:
-                    outputs.append(output)
+                run_layer(layer, batch.hidden, batch.kwargs[index])
         finally:
             for handle in handles:
                 handle.remove()
