@@ -161,9 +161,8 @@ def _walk(model, spec, windows, indices, visit, batch_size, progress, desc, dens
     for index in tqdm(range(last + 1), desc=desc, unit="layer", disable=not progress):
         layer = layers[index]
         with lazy.held(model, layer):  # loaded once for calibration, compression and the run
-            dense_outputs = None
+            dense_outputs = [] if dense and index in wanted and index < last else None
             if index in wanted:
-                dense_outputs = [] if dense and index < last else None
                 yield index, visit(layer, batches, index, dense_outputs)
             if index == last:
                 break  # nothing after the last compressed layer needs its inputs
