@@ -1,10 +1,12 @@
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import tiny_model
 from svdmlp import arch
-from svdmlp.compression import decompose, output_grams
+from svdmlp.compression import decompose, gram, output_grams
 
 
 def _windows(n=3, length=16, seed=0):
@@ -116,6 +118,42 @@ def test_sampled_loss_is_seeded_and_differs_from_the_labels():
     torch.testing.assert_close(a.down, b.down, rtol=0, atol=0)
     assert not torch.allclose(a.down, c.down)
     assert not torch.allclose(a.down, collect(loss="labels").down)
+
+
+def test_grams_do_not_depend_on_how_many_rows_are_gathered_per_update(monkeypatch):
+    model = tiny_model("llama")
+    spec = arch.resolve(model.config.model_type)
+
+    def collect():
+        return output_grams.collect_output_grams(model, spec, _windows(), [0, 1], progress=False)
+
+    whole = collect()  # every window's rows in one update per layer
+    monkeypatch.setattr(output_grams, "BufferedGram", functools.partial(gram.BufferedGram, rows=5))
+    small = collect()  # 16-token windows, 5 rows at a time: updates across windows' boundaries
+    for index in (0, 1):
+        for name in arch.PROJECTIONS:
+            expected = whole[index].gram(name)  # float32 products: rounding relative to the largest entry
+            torch.testing.assert_close(
+                small[index].gram(name), expected, rtol=0, atol=1e-5 * float(expected.abs().max())
+            )
+
+
+def test_sample_draws_each_token_as_often_as_its_probability():
+    probabilities = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0]).repeat(20000, 1)
+    draws = output_grams.sample(probabilities, torch.Generator().manual_seed(0))
+    counts = torch.bincount(draws, minlength=5).double() / len(draws)
+    assert counts[1] == 0 and counts[4] == 0  # probability zero, first and last: never drawn
+    torch.testing.assert_close(counts, probabilities[0].double(), rtol=0, atol=0.01)
+
+
+def test_sample_is_seeded_and_takes_unnormalised_rows():
+    probabilities = torch.rand(50, 300, generator=torch.Generator().manual_seed(1))
+    first = output_grams.sample(probabilities, torch.Generator().manual_seed(2))
+    again = output_grams.sample(probabilities, torch.Generator().manual_seed(2))
+    other = output_grams.sample(probabilities, torch.Generator().manual_seed(3))
+    scaled = output_grams.sample(probabilities * 7, torch.Generator().manual_seed(2))
+    assert torch.equal(first, again) and not torch.equal(first, other) and torch.equal(first, scaled)
+    assert first.dtype == torch.int64 and first.shape == (50,) and int(first.max()) < 300
 
 
 def test_unknown_loss_is_refused():

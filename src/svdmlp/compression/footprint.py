@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from svdmlp.compression.gram import GRAM_ROWS
 from svdmlp.compression.pipeline import SENSITIVITY_TOKENS
 from svdmlp.config import CompressConfig
 
@@ -210,7 +211,8 @@ def predict(
     if fisher:
         held = output_grams if on_disk else compressed * output_grams
         head = (embedding if on_disk else 0) + window * vocab * F32 * LOGIT_COPIES
-        memory["calibration"] = model + max(head, layer + held + 2 * hidden_states)
+        gathered = GRAM_ROWS * (2 * i + h) * F32  # the gradients' rows waiting for their Grams' update
+        memory["calibration"] = model + max(head, layer + held + gathered + 2 * hidden_states)
         seconds["calibration"] = (
             3 * forward / speed.f32 + compressed * tokens * 2 * (2 * i * i + h * h) / speed.f64
         )

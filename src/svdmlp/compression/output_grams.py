@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from svdmlp import arch, lazy
 from svdmlp.compression import decompose
-from svdmlp.compression.gram import accumulate_gram
+from svdmlp.compression.gram import BufferedGram
 from svdmlp.compression.layer_inputs import capture, head_gradient, input_gradient, run_layer
 
 LOSSES = ("sampled", "labels")
@@ -109,18 +109,29 @@ def _loss(logits: torch.Tensor, batch: torch.Tensor, loss: str, generator: torch
         return F.cross_entropy(flat, batch[:, 1:].reshape(-1), reduction="sum")
     flat = logits.float().reshape(-1, logits.shape[-1])
     with torch.no_grad():
-        probabilities = flat.softmax(-1)
-        # multinomial draws on the CPU generator's device; sample there and move the draws back.
-        targets = torch.multinomial(probabilities.cpu(), 1, generator=generator).squeeze(1)
-    return F.cross_entropy(flat, targets.to(flat.device), reduction="sum")
+        targets = sample(flat.softmax(-1), generator)
+    return F.cross_entropy(flat, targets, reduction="sum")
 
 
-def _gradient_gram_hook(target: torch.Tensor):
-    """A forward hook that makes the output's gradient, once backward reaches it, add ``gᵀg`` into ``target``."""
+def sample(probabilities: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One draw from each row of ``probabilities (rows, vocab)``, by inverting its cumulative sum at a
+    uniform draw of ``generator`` (a CPU generator; the draws are made there and moved to the rows'
+    device). ``torch.multinomial`` does the same work about 9 times slower on CPU (1.9 s against 0.2 s
+    for 513 rows of Qwen's 151,936 tokens), which was a minute of a 32-window Qwen calibration."""
+    cumulative = probabilities.cumsum(-1)
+    uniform = torch.rand(len(probabilities), 1, generator=generator).to(cumulative.device)
+    # right=True: the first token whose cumulative probability exceeds the draw, so that a token of
+    # probability zero is never drawn; the clamp covers a draw above a total rounded below 1.
+    drawn = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)
+    return drawn.squeeze(1).clamp_(max=probabilities.shape[1] - 1)
+
+
+def _gradient_gram_hook(gram: BufferedGram):
+    """A forward hook that makes the output's gradient, once backward reaches it, add ``gᵀg`` into ``gram``."""
 
     def on_output(module, args, output):
         if output.requires_grad:  # the tensor hook lives and dies with this batch's graph
-            output.register_hook(lambda grad: accumulate_gram(target, grad))
+            output.register_hook(gram.add)
 
     return on_output
 
@@ -230,15 +241,16 @@ def _backward_through(model, spec, index, batches, inputs, gradients, grams, wan
     """Run layer ``index`` again on its ``inputs`` and take the loss ``gradients`` at its output to
     its input; a chosen layer adds its projections' output-gradient Grams into ``grams[index]``."""
     layer = arch.decoder_layers(model, spec)[index]
-    handles = []
+    handles, buffered = [], []
     with lazy.held(model, layer):
         if index in wanted:
             mlp = getattr(layer, spec.mlp)
             gate = getattr(mlp, spec.gate)
             entry = grams[index] = OutputGrams.zeros(gate.in_features, gate.out_features, inputs[0].device)
             for name in arch.PROJECTIONS:
+                buffered.append(BufferedGram(entry.gram(name)))
                 projection = getattr(mlp, spec.projection(name))
-                handles.append(projection.register_forward_hook(_gradient_gram_hook(entry.gram(name))))
+                handles.append(projection.register_forward_hook(_gradient_gram_hook(buffered[-1])))
         try:
             below = []
             for batch, hidden, gradient in zip(batches, inputs, gradients, strict=True):
@@ -248,4 +260,6 @@ def _backward_through(model, spec, index, batches, inputs, gradients, grams, wan
         finally:
             for handle in handles:
                 handle.remove()
+        for gram in buffered:
+            gram.flush()
     return below
