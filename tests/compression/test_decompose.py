@@ -289,3 +289,25 @@ def test_a_reloadable_gram_becomes_its_root_and_a_failed_attempt_reloads():
         indefinite.clone(), reload=lambda: reloads.append(1) or indefinite.clone()
     )
     assert reloads == [1] and torch.isfinite(root.lower).all()
+
+
+@pytest.mark.parametrize("shape", [(48, 40), (24, 61)])  # tall (gate, up) and wide (down)
+def test_decomposition_is_the_svd_of_tall_and_wide_weights(shape):
+    w = _random_weight(*shape, seed=3)
+    gram = _correlated_gram(shape[1])
+    whitening = decompose.Whitening.from_gram(gram)
+    decomposition = decompose.Decomposition.of(w, whitening)
+    k = min(shape)
+    assert decomposition.left.shape == (shape[0], k) and decomposition.right_h.shape == (k, shape[1])
+    eye = torch.eye(k, dtype=torch.float64)
+    torch.testing.assert_close(decomposition.left.mT @ decomposition.left, eye, atol=1e-10, rtol=0)
+    torch.testing.assert_close(decomposition.right_h @ decomposition.right_h.mT, eye, atol=1e-10, rtol=0)
+    rotated = whitening.right(w)
+    torch.testing.assert_close(
+        decomposition.left * decomposition.sigma @ decomposition.right_h, rotated, atol=1e-9, rtol=0
+    )
+    # The truncation is the best rank-r approximation (Eckart-Young), whichever way it was computed.
+    left, sigma, right_h = torch.linalg.svd(rotated, full_matrices=False)
+    best = whitening.right_inverse(left[:, :7] * sigma[:7] @ right_h[:7])
+    factors = decomposition.factors(7)
+    torch.testing.assert_close((factors.v.double() @ factors.u.double()), best, atol=1e-5, rtol=1e-5)
