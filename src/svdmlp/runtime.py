@@ -35,17 +35,20 @@ def quiet_transformers() -> None:
 
 
 # Heap blocks at least this large are mapped apart and unmapped when freed (glibc's M_MMAP_THRESHOLD).
-MMAP_THRESHOLD = 2**20
+# Each such block is paged in afresh when it is made again: at 1 MiB, every activation of a 513-token
+# window paid that, and SmolLM2's output-gradient Grams took 114 s instead of 87 s, its calibration walk
+# 58 s instead of 44 s; 16 MiB gave both speeds back (BENCHMARKS.md, 2026-12-03).
+MMAP_THRESHOLD = 16 * 2**20
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 
 
 def return_freed_memory() -> bool:
-    """Make freed tensors of 1 MiB or more go back to the operating system at once (glibc only; False
-    elsewhere, where nothing changes).
+    """Make freed tensors of :data:`MMAP_THRESHOLD` or more go back to the operating system at once (glibc
+    only; False elsewhere, where nothing changes).
 
     glibc raises its mmap threshold each time a mapped block is freed, up to 32 MiB, after which blocks
     of up to that size come from per-thread heaps that keep their freed memory: with two threads, the
-    1B-shaped compression peaked at 4.06 GB where a fixed 1 MiB threshold gave 3.59 GB (BENCHMARKS.md).
+    1B-shaped compression peaked at 4.06 GB where a fixed threshold gave 3.59 GB (BENCHMARKS.md).
     Setting the threshold also turns that adjustment off. Process-wide, so the commands call it, not
     the library.
     """
