@@ -48,7 +48,8 @@ def return_freed_memory() -> bool:
 
     glibc raises its mmap threshold each time a mapped block is freed, up to 32 MiB, after which blocks
     of up to that size come from per-thread heaps that keep their freed memory: with two threads, the
-    1B-shaped compression peaked at 4.06 GB where a fixed threshold gave 3.59 GB (BENCHMARKS.md).
+    1B-shaped compression peaked at 4.06 GB where a fixed threshold gave 3.59 GB at 1 MiB and 3.62 GB
+    at 16 MiB (BENCHMARKS.md).
     Setting the threshold also turns that adjustment off. Process-wide, so the commands call it, not
     the library.
     """

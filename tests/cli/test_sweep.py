@@ -87,7 +87,7 @@ def test_with_no_method_a_sweep_runs_the_recipe_and_budgets_compress_uses():
 
     default = _resolved()
     assert default.method == (EFFORTS["default"].recipe,) == ("fisher+allocate+sequential+closed-form+lora",)
-    assert (default.calib_samples, default.heal_steps) == (16, 16)
+    assert (default.calib_samples, default.heal_steps) == (32, 16)
     fast = _resolved("--effort", "fast")
     assert (fast.method, fast.calib_samples, fast.heal_steps) == (("fisher",), 32, 48)
     given = _resolved("--method", "whiten,svd", "--calib-samples", "8", "--heal-steps", "3")
