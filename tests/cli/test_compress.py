@@ -186,7 +186,7 @@ def _config(*argv):
 def test_effort_presets_fill_every_option_not_given():
     default = _config()
     assert (default.allocation, default.sequential, default.heal) == ("budget", True, "closed-form+lora")
-    assert (default.calibration.num_samples, default.lora.steps) == (16, 16)
+    assert (default.calibration.num_samples, default.lora.steps) == (32, 16)
     assert default.calibration.source == "general"
     fast = _config("--effort", "fast")
     assert (fast.allocation, fast.sequential, fast.heal, fast.calibration.num_samples) == (
