@@ -132,6 +132,19 @@ def test_whitening_is_a_triangular_root_of_the_gram():
     )
 
 
+@pytest.mark.parametrize("n", [1, 3, 4, 13])
+def test_weighting_through_the_root_skips_only_zero_blocks(n):
+    """``W·L`` and ``Lᵀ·W`` made strip by strip over the triangle equal the full products, for widths
+    below, at and off the number of strips."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n + 3, n, generator=g, dtype=torch.float64)
+    whitening = decompose.Whitening.from_gram(x.T @ x)
+    w_in = torch.randn(7, n, generator=g, dtype=torch.float64)
+    w_out = torch.randn(n, 5, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(whitening.right(w_in), w_in @ whitening.lower, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(whitening.left(w_out), whitening.lower.mT @ w_out, rtol=1e-12, atol=1e-12)
+
+
 # Two-sided (output-aware) factorisation: ‖S_out·(W − VU)·S_in‖_F.
 
 

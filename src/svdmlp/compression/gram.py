@@ -19,7 +19,8 @@ GRAM_BLOCKS = 4
 GRAM_ROWS = 2048
 
 
-def _edges(d: int, blocks: int) -> list[tuple[int, int]]:
+def strips(d: int, blocks: int) -> list[tuple[int, int]]:
+    """``blocks`` near-equal ``(start, stop)`` ranges covering ``range(d)``."""
     edges = [d * i // blocks for i in range(blocks + 1)]
     return list(zip(edges[:-1], edges[1:], strict=True))
 
@@ -31,7 +32,7 @@ def accumulate_gram(target: torch.Tensor, x: torch.Tensor, blocks: int = GRAM_BL
     ~1e-6 relative), added in float64 across batches.
     """
     flat = x.detach().reshape(-1, x.shape[-1]).float()
-    for start, stop in _edges(flat.shape[1], blocks):
+    for start, stop in strips(flat.shape[1], blocks):
         strip = (flat[:, start:stop].T @ flat[:, start:]).to(torch.float64)  # (stop - start, d - start)
         target[start:stop, start:] += strip
         target[stop:, start:stop] += strip[:, stop - start :].T
@@ -43,7 +44,7 @@ def accumulate_product(
     """Add ``aᵀb`` of two batches ``(tokens, d)`` into the float64 accumulator ``target (d, d)``, one
     strip of rows at a time (as :func:`accumulate_gram`, without the symmetry)."""
     a, b = a.detach().float(), b.detach().float()
-    for start, stop in _edges(a.shape[1], blocks):
+    for start, stop in strips(a.shape[1], blocks):
         target[start:stop] += (a[:, start:stop].T @ b).to(torch.float64)
 
 

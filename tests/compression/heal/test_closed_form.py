@@ -140,5 +140,6 @@ def test_a_reloadable_compressed_gram_becomes_its_root_with_the_same_fit():
     saved = grams.compressed.clone()
     consumed = heal.compensating_down(down, grams, 5, before, reload=saved.clone)
     assert grams.compressed is None  # its memory is the root's now
+    assert grams.cross is None  # dropped once W·Cᵀ was made, before the root
     assert (consumed.before, consumed.after) == pytest.approx((copied.before, copied.after), rel=1e-9)
     torch.testing.assert_close(consumed.factors.u, copied.factors.u, rtol=0, atol=0)
