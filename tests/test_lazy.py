@@ -171,8 +171,8 @@ def test_a_big_tensor_cast_on_loading_is_read_in_blocks_of_rows_exactly(tmp_path
     save_file({"small": torch.ones(2), "w": stored}, path)
     monkeypatch.setattr(lazy, "READ_BYTES", 100)  # blocks of 3 rows (30 bytes each), the last one short
     with safe_open(path, framework="pt") as handle:
-        read = lazy._read(handle, path, "w", dtype, torch.device("cpu"))
-        small = lazy._read(handle, path, "small", torch.float32, torch.device("cpu"))
+        read = lazy.read_tensor(handle, path, "w", dtype, torch.device("cpu"))
+        small = lazy.read_tensor(handle, path, "small", torch.float32, torch.device("cpu"))
     assert read.dtype == dtype and torch.equal(read, stored.to(dtype))
     assert torch.equal(small, torch.ones(2))
 

@@ -50,7 +50,7 @@ def _data_start(path: Path) -> tuple[int, dict]:
         return 8 + length, json.loads(file.read(length))
 
 
-def _read(handle, path: Path, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def read_tensor(handle, path: Path, name: str, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Tensor ``name`` of the safetensors file ``path`` (open as ``handle``) in ``dtype`` on ``device``.
 
     One that must be cast and is big is read a block of rows at a time into its final buffer, with
@@ -177,7 +177,7 @@ class DiskWeights:
         for path, waiting in by_file.items():
             with safe_open(path, framework="pt") as handle:  # closed (unmapped) once read
                 for entry in waiting:
-                    tensor = _read(handle, path, entry.name, self.dtype, self.device)
+                    tensor = read_tensor(handle, path, entry.name, self.dtype, self.device)
                     entry.loaded = nn.Parameter(tensor, requires_grad=entry.placeholder.requires_grad)
                     self._entries[id(entry.loaded)] = entry
                     self._swap(entry.placeholder, entry.loaded)

@@ -3,6 +3,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 
 from conftest import tiny_model
 from svdmlp import arch
@@ -183,7 +184,7 @@ def test_whitenings_are_cached_per_damping_and_are_roots_of_the_damped_gram(monk
     assert len(calls) == 3
 
 
-def test_spilled_grams_give_the_same_grams_and_roots_and_are_deleted_after(tmp_path):
+def test_spilled_grams_give_the_same_grams_to_float32_and_roots_and_are_deleted_after(tmp_path):
     model = tiny_model("llama")
     spec = arch.resolve(model.config.model_type)
     kept = output_grams.collect_output_grams(model, spec, _windows(), [1], progress=False)[1]
@@ -191,8 +192,14 @@ def test_spilled_grams_give_the_same_grams_and_roots_and_are_deleted_after(tmp_p
         1
     ]
     assert spilled.gate is None and spilled.path.parent == tmp_path  # nothing of it left in memory
+    with safe_open(spilled.path, framework="pt") as handle:
+        assert {handle.get_slice(name).get_dtype() for name in handle.keys()} == {"F32"}  # half of float64
     for name in ("gate", "up", "down"):
-        torch.testing.assert_close(spilled.gram(name), kept.gram(name), rtol=0, atol=0)
-        torch.testing.assert_close(spilled.whitening(name, 0.1).lower, kept.whitening(name, 0.1).lower)
+        read = spilled.gram(name)
+        assert read.dtype == torch.float64
+        torch.testing.assert_close(read, kept.gram(name).float().double(), rtol=0, atol=0)
+        torch.testing.assert_close(
+            spilled.whitening(name, 0.1).lower, kept.whitening(name, 0.1).lower, rtol=1e-5, atol=1e-7
+        )
     spilled.discard()
     assert not spilled.path.exists()

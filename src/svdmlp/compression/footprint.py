@@ -214,7 +214,8 @@ def predict(
         return Footprint(memory, seconds, rates)
     fisher = config.needs_output_grams
     if fisher:
-        held = output_grams if on_disk else compressed * output_grams
+        # On disk: one layer's Grams, and the float32 copy of one of them as it is spilled.
+        held = output_grams + i * i * F32 if on_disk else compressed * output_grams
         head = (embedding if on_disk else 0) + window * vocab * F32 * LOGIT_COPIES
         gathered = GRAM_ROWS * (2 * i + h) * F32  # the gradients' rows waiting for their Grams' update
         memory["calibration"] = model + max(head, layer + held + gathered + 2 * hidden_states)

@@ -40,6 +40,11 @@ from svdmlp.compression.gram import BufferedGram
 from svdmlp.compression.layer_inputs import capture, head_gradient, input_gradient, run_layer
 
 LOSSES = ("sampled", "labels")
+# Spilled Grams are stored in float32: half the disk and the reading of float64 (every layer's Grams
+# wait on disk between the backward sweep and their factorisation: 36 GB for Qwen2.5-1.5B in float64,
+# 110 GB for Llama-3.1-8B). They are accumulated in float64 and used damped by 0.1·mean(diag)
+# (calibration.FISHER_DAMPING), a million times float32's relative rounding.
+SPILL_DTYPE = torch.float32
 
 
 @dataclass
@@ -49,7 +54,8 @@ class OutputGrams:
     In memory, each whitening (at each damping) is computed once, when first asked for, and kept.
     Spilled to disk (:meth:`spill`), the Grams are in a file, read when asked for and never kept: a big
     model's Grams are made once and used twice (allocation probes, then the factorisation), one
-    projection at a time, and their Cholesky roots are cheap to make again each time.
+    projection at a time, and their Cholesky roots are cheap to make again each time. The file holds
+    them in float32 (:data:`SPILL_DTYPE`).
     """
 
     gate: torch.Tensor | None
@@ -66,14 +72,17 @@ class OutputGrams:
         when spilled."""
         if self.path is None:
             return getattr(self, projection)
-        with safe_open(self.path, framework="pt") as handle:
-            return handle.get_tensor(projection)
+        with safe_open(self.path, framework="pt") as handle:  # cast in blocks: one float64 buffer
+            return lazy.read_tensor(handle, self.path, projection, torch.float64, torch.device("cpu"))
 
     def spill(self, path: Path) -> None:
-        """Move the Grams to the file ``path`` (float64)."""
-        save_file({name: getattr(self, name) for name in arch.PROJECTIONS}, path)
+        """Move the Grams to the file ``path`` (in :data:`SPILL_DTYPE`), each float64 Gram let go as
+        soon as its copy is made (memory: the Grams and one copy)."""
+        stored = {}
         for name in arch.PROJECTIONS:
+            stored[name] = getattr(self, name).to(SPILL_DTYPE)
             setattr(self, name, None)
+        save_file(stored, path)
         self.path = path
 
     def discard(self) -> None:
