@@ -6,8 +6,9 @@ Memory is counted as the step's largest live tensors: weights loaded in float32,
 their Cholesky roots in float64 (a root is one n² buffer: the copy of a Gram, or a Gram read from
 disk, factorised in place), logits in float32, calibration activations, plus the interpreter with torch and
 transformers loaded. Time is counted in floating-point operations at rates measured on this machine
-in a fraction of a second (:meth:`Rates.measure`): forward passes at the float32 matrix-product rate,
-Gram accumulation, roots (``ROOT_FLOPS·n³``), weightings and SVDs at the float64 one, each at
+in a fraction of a second (:meth:`Rates.measure`): forward passes and Gram accumulation (float32
+products over the block upper triangle, :mod:`svdmlp.compression.gram`) at the float32
+matrix-product rate, roots (``ROOT_FLOPS·n³``), weightings and SVDs at the float64 one, each at
 :data:`ACHIEVED` of that rate. BENCHMARKS.md compares both with measured runs.
 """
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from svdmlp.compression.gram import GRAM_ROWS
+from svdmlp.compression.gram import GRAM_BLOCKS, GRAM_ROWS
 from svdmlp.compression.pipeline import SENSITIVITY_TOKENS
 from svdmlp.config import CompressConfig
 
@@ -77,6 +78,8 @@ ROOT_FLOPS = 0.4
 # (SmolLM2-135M, thorough) and about 1.4× (Qwen2.5-Coder-1.5B, projected from its first steps) the
 # predicted time on 2 cores (BENCHMARKS.md, 2026-12-03).
 ACHIEVED = 0.67
+# The share of a full product's work that a Gram update does: the block upper triangle.
+GRAM_WORK = (GRAM_BLOCKS + 1) / (2 * GRAM_BLOCKS)
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,10 @@ def predict(
     output_grams = (2 * i * i + h * h) * F64
     memory, seconds = {}, {}
     forward = 2 * shapes.params * tokens  # FLOPs of one pass over the calibration windows
+
+    def grams(*widths: int) -> float:  # seconds of Grams of these widths over the calibration tokens
+        return tokens * 2 * sum(n * n for n in widths) * GRAM_WORK / speed.f32
+
     if not config.needs_calibration:
         memory["factorisation"] = model + layer + 2 * i * h * F64
         seconds["factorisation"] = compressed * 3 * 4 * h * h * i / speed.f64
@@ -219,19 +226,15 @@ def predict(
         head = (embedding if on_disk else 0) + window * vocab * F32 * LOGIT_COPIES
         gathered = GRAM_ROWS * (2 * i + h) * F32  # the gradients' rows waiting for their Grams' update
         memory["calibration"] = model + max(head, layer + held + gathered + 2 * hidden_states)
-        seconds["calibration"] = (
-            3 * forward / speed.f32 + compressed * tokens * 2 * (2 * i * i + h * h) / speed.f64
-        )
+        seconds["calibration"] = 3 * forward / speed.f32 + compressed * grams(i, i, h)
     # Per layer: its input Grams' accumulation, the roots of its Grams (input, and output with fisher),
     # and each projection's weighting, SVD and return through the roots.
     roots = speed.root(i) + speed.root(h) + (2 * speed.root(i) + speed.root(h) if fisher else 0)
     factorise = (
-        tokens * 2 * (h * h + i * i)
-        + 12 * h * h * i
-        + 3 * h * i * i
-        + 6 * h * h * i
-        + (6 * h * i * i if fisher else 0)
-    ) / speed.f64 + roots
+        grams(h, i)
+        + (12 * h * h * i + 3 * h * i * i + 6 * h * h * i + (6 * h * i * i if fisher else 0)) / speed.f64
+        + roots
+    )
     probe_tokens = SENSITIVITY_TOKENS
     per_layer = model + layer + input_grams + hidden_states
     if config.allocation == "budget":
@@ -247,8 +250,11 @@ def predict(
     memory["factorisation"] = (
         per_layer + max(_root_bytes(i), closed_form) + (compressed * input_grams if reused else 0)
     )
+    # Closed form: its two inter² Grams (one a product of two batches), their root, and W·Cᵀ, the
+    # triangular solve, the target and two errors through inter² matrices (about 7·h·i² in float64).
+    closed = tokens * 2 * i * i / speed.f32 + grams(i) + speed.root(i) + 7 * h * i * i / speed.f64
     seconds["factorisation"] = (forward / speed.f32 if config.sequential else 0) + compressed * (
-        factorise + (speed.root(i) if config.heals_closed_form else 0)
+        factorise + (closed if config.heals_closed_form else 0)
     )
     if config.heals_lora:
         rank = max(1, int(config.keep * h * i / (h + i)))
