@@ -226,6 +226,18 @@ def test_a_plan_over_the_memory_allowed_is_refused_before_any_work(compressed, t
     assert not (tmp_path / "out").exists()
 
 
+def test_a_plan_whose_scratch_files_do_not_fit_the_disk_is_refused_before_any_work(
+    compressed, tmp_path, capsys, monkeypatch
+):
+    from svdmlp.cli import compress
+
+    monkeypatch.setattr(compress, "_free_disk", lambda path: 0)
+    model_dir, text, _ = compressed
+    argv = ["compress", model_dir, "--calib", text, *TINY, "--out", tmp_path / "out"]
+    assert_cli_error(capsys, "compress", argv, "predicted to need", "of disk", "larger disk")
+    assert list(tmp_path.iterdir()) == []  # no scratch directory, no output
+
+
 def test_factor_bits_store_the_factors_quantized_and_eval_counts_their_bytes(compressed, tmp_path, capsys):
     import json
 

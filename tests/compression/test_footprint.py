@@ -95,3 +95,17 @@ def test_a_sweep_calibrates_once_and_peaks_as_its_largest_point():
         4 * 2 * LLAMA_1B.params * 8192 / RATES.f32
     )  # and dense
     assert sweep.peak[1] == max(p.peak[1] for p in points)  # one point's model and Grams at a time
+
+
+def test_scratch_disk_is_the_spilled_grams_and_layers_of_a_model_on_disk():
+    config = _config()
+    on_disk = footprint.predict(LLAMA_1B, config, 16, True, RATES)
+    h, i = 2048, 8192
+    grams = 16 * (2 * i * i + h * h) * 4  # float32, every layer's, as the backward sweep ends
+    layers = 16 * (LLAMA_1B.layer_params - 3 * h * i + 3 * (h + i) * 1310) * 4  # keep 0.8's rank, float32
+    hidden_states = 16 * 16 * 513 * h * 4
+    assert on_disk.disk == pytest.approx(grams + layers + hidden_states)
+    assert "scratch disk" in on_disk.line() and on_disk.to_dict()["disk_bytes"] == on_disk.disk
+    assert footprint.predict(LLAMA_1B, config, 16, False, RATES).disk == 0  # in memory: nothing spilled
+    whiten = footprint.predict(LLAMA_1B, _config(method="whiten", allocation="uniform"), 16, True, RATES)
+    assert whiten.disk == pytest.approx(layers)  # no output-gradient Grams: the compressed layers alone

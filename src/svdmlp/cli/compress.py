@@ -126,10 +126,19 @@ def config(args: argparse.Namespace) -> CompressConfig:
     )
 
 
+def _free_disk(path: Path) -> int:
+    """Bytes free on the file system that ``path`` (or, not made yet, its nearest existing parent) is on."""
+    path = path.expanduser().resolve()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
 def _check_footprint(args: argparse.Namespace, compress_config):
-    """Print the predicted peak memory and time (to stderr, with the progress bars); refuse a plan
-    whose peak exceeds ``--max-memory``. Returns the prediction and whether a model on disk is loaded
-    whole for distillation: where that is predicted to need at most a quarter of the memory allowed."""
+    """Print the predicted peak memory, time and scratch disk (to stderr, with the progress bars);
+    refuse a plan whose peak exceeds ``--max-memory``, or whose scratch files (beside ``--out``) would
+    not fit on its disk. Returns the prediction and whether a model on disk is loaded whole for
+    distillation: where that is predicted to need at most a quarter of the memory allowed."""
     from svdmlp.compression import footprint
 
     shapes, on_disk = options.model_shapes(args.model)
@@ -149,6 +158,12 @@ def _check_footprint(args: argparse.Namespace, compress_config):
         raise ValueError(
             f"the {step} step is predicted to need {peak / footprint.GB:.1f} GB, more than the "
             f"{limit / footprint.GB:.1f} GB allowed (--max-memory){advice}"
+        )
+    free = _free_disk(Path(args.out).parent)
+    if predicted.disk > free:
+        raise ValueError(
+            f"the scratch files beside --out are predicted to need {predicted.disk / footprint.GB:.1f} GB "
+            f"of disk, more than the {free / footprint.GB:.1f} GB free there: choose an --out on a larger disk"
         )
     return predicted, resident_healing
 

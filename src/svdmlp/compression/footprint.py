@@ -123,12 +123,14 @@ class Footprint:
     memory: dict[str, float]
     seconds: dict[str, float]
     rates: Rates
+    disk: float = 0.0  # scratch bytes at their peak, beside the output
 
     def to_dict(self) -> dict:
         """What a compression's JSON record keeps of the prediction, to compare with the measurement."""
         return {
             "memory_bytes": self.memory,
             "seconds": self.seconds,
+            "disk_bytes": self.disk,
             "rates_flops": {"float32": self.rates.f32, "float64": self.rates.f64},
         }
 
@@ -155,9 +157,10 @@ class Footprint:
         step, peak = self.peak
         total = sum(self.seconds.values())
         slowest = max(self.seconds, key=self.seconds.get)
+        disk = f", scratch disk {self.disk / GB:.1f} GB" if self.disk >= 0.05 * GB else ""
         return (
             f"predicted: peak memory {peak / GB:.1f} GB ({step}), time {_duration(total)} "
-            f"({slowest} {_duration(self.seconds[slowest])}), from the model's shapes"
+            f"({slowest} {_duration(self.seconds[slowest])}){disk}, from the model's shapes"
         )
 
 
@@ -211,6 +214,14 @@ def predict(
     output_grams = (2 * i * i + h * h) * F64
     memory, seconds = {}, {}
     forward = 2 * shapes.params * tokens  # FLOPs of one pass over the calibration windows
+    # A model on disk writes each compressed layer to the scratch directory (in float32: its attention
+    # and its factors at keep's rank) and, with fisher, every layer's output-gradient Grams (float32)
+    # and, while they are made, the hidden states entering each layer: both at their largest as the
+    # backward sweep begins.
+    rank = max(1, int(config.keep * h * i / (h + i)))
+    factors = compressed * (shapes.layer_params - 3 * h * i + 3 * (h + i) * rank) * F32
+    spilled = compressed * (2 * i * i + h * h) * F32 + shapes.layers * tokens * h * F32
+    disk = (factors + (spilled if config.needs_output_grams else 0)) if on_disk else 0.0
 
     def grams(*widths: int) -> float:  # seconds of Grams of these widths over the calibration tokens
         return tokens * 2 * sum(n * n for n in widths) * GRAM_WORK / speed.f32
@@ -218,7 +229,7 @@ def predict(
     if not config.needs_calibration:
         memory["factorisation"] = model + layer + 2 * i * h * F64
         seconds["factorisation"] = compressed * 3 * 4 * h * h * i / speed.f64
-        return Footprint(memory, seconds, rates)
+        return Footprint(memory, seconds, rates, disk)
     fisher = config.needs_output_grams
     if fisher:
         # On disk: one layer's Grams, and the float32 copy of one of them as it is spilled.
@@ -270,7 +281,7 @@ def predict(
             kept = shapes.layers * (shapes.heads * seq * seq + 8 * seq * (h + i)) * F32
             memory["healing"] = BASE_BYTES + shapes.params * F32 + factors * 3 * F32 + logits + kept
         seconds["healing"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / speed.f32
-    return Footprint(memory, seconds, rates)
+    return Footprint(memory, seconds, rates, disk)
 
 
 def predict_sweep(
@@ -288,8 +299,10 @@ def predict_sweep(
     point's model and Grams are freed before the next."""
     memory: dict[str, float] = {}
     seconds: dict[str, float] = {}
+    disk = 0.0
     for config in configs:
         point = predict(shapes, config, shapes.layers, on_disk, rates)
+        disk = max(disk, point.disk)
         for step, value in point.memory.items():
             memory[step] = max(memory.get(step, 0.0), value)
         for step, value in point.seconds.items():
@@ -298,4 +311,4 @@ def predict_sweep(
     # Scoring is large float32 products, at the full rate (Qwen2.5-Coder-0.5B's eight texts: 7 min measured,
     # 9 predicted).
     seconds["evaluation"] = scores * 2 * shapes.params * eval_tokens / rates.f32
-    return Footprint(memory, seconds, rates)
+    return Footprint(memory, seconds, rates, disk)
