@@ -268,7 +268,6 @@ def predict(
         factorise + (closed if config.heals_closed_form else 0)
     )
     if config.heals_lora:
-        rank = max(1, int(config.keep * h * i / (h + i)))
         logits = (config.lora.seq_len + 1) * vocab * F32 * LOGIT_COPIES * 2  # the teacher's and the student's
         if on_disk and not resident_healing:  # a layer, its factors' gradients and AdamW state, inputs
             layer_factors = 3 * (h + i) * rank * F32
