@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from svdmlp.compression import ranks
 from svdmlp.compression.gram import GRAM_BLOCKS, GRAM_ROWS
 from svdmlp.compression.pipeline import SENSITIVITY_TOKENS
 from svdmlp.config import CompressConfig
@@ -218,7 +219,7 @@ def predict(
     # and its factors at keep's rank) and, with fisher, every layer's output-gradient Grams (float32)
     # and, while they are made, the hidden states entering each layer: both at their largest as the
     # backward sweep begins.
-    rank = max(1, int(config.keep * h * i / (h + i)))
+    rank = ranks.rank_for_keep(h, i, config.keep, config.align)
     factors = compressed * (shapes.layer_params - 3 * h * i + 3 * (h + i) * rank) * F32
     spilled = compressed * (2 * i * i + h * h) * F32 + shapes.layers * tokens * h * F32
     disk = (factors + (spilled if config.needs_output_grams else 0)) if on_disk else 0.0
