@@ -20,8 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from svdmlp.compression.gram import strips
-
 # The ridge ``δ = RIDGE · λ_max`` added to a Gram's diagonal before its Cholesky factorisation.
 # Real models have near-singular input Grams (dead channels, outlier dimensions, fewer calibration
 # tokens than an intermediate width): Cholesky of XᵀX itself fails on them (SVD-LLM issues 6, 7, 24).
@@ -33,6 +31,13 @@ RIDGE = 1e-6
 # is zero above its first row, so 4 strips do 10/16 of the full product's work (the float64 products
 # through an 8960-wide root at Qwen2.5-1.5B's gate, up and down, twice per layer with allocation).
 TRIANGLE_BLOCKS = 4
+
+
+def strips(d: int, blocks: int) -> list[tuple[int, int]]:
+    """``blocks`` near-equal ``(start, stop)`` ranges covering ``range(d)``: the strips of a triangle
+    (here, and :mod:`svdmlp.compression.gram`'s Gram updates)."""
+    edges = [d * i // blocks for i in range(blocks + 1)]
+    return list(zip(edges[:-1], edges[1:], strict=True))
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from svdmlp.compression.decompose import strips
+
 # XᵀX is symmetric: computing only the block upper triangle (and adding it mirrored) over 4 row
 # strips does 10/16 of the GEMM work. Measured on 2 cores for a (2048, 1536) batch: 0.093 s vs
 # 0.141 s for the full product (2 blocks 0.111 s, 6 blocks 0.095 s); about 13 s of SmolLM2's
@@ -17,12 +19,6 @@ GRAM_BLOCKS = 4
 # itself (2 cores: 4104 rows in 8 batches 11.2 s, in 2 batches 6.8 s). 2048 rows of float32 are 73 MB at
 # that width.
 GRAM_ROWS = 2048
-
-
-def strips(d: int, blocks: int) -> list[tuple[int, int]]:
-    """``blocks`` near-equal ``(start, stop)`` ranges covering ``range(d)``."""
-    edges = [d * i // blocks for i in range(blocks + 1)]
-    return list(zip(edges[:-1], edges[1:], strict=True))
 
 
 def accumulate_gram(target: torch.Tensor, x: torch.Tensor, blocks: int = GRAM_BLOCKS) -> None:
