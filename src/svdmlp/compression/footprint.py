@@ -217,8 +217,8 @@ def predict(
     forward = 2 * shapes.params * tokens  # FLOPs of one pass over the calibration windows
     # A model on disk writes each compressed layer to the scratch directory (in float32: its attention
     # and its factors at keep's rank) and, with fisher, every layer's output-gradient Grams (float32)
-    # and, while they are made, the hidden states entering each layer: both at their largest as the
-    # backward sweep begins.
+    # and, while they are made, the hidden states entering each layer (deleted as the backward sweep
+    # spills the Grams: counting both whole is an upper bound).
     rank = ranks.rank_for_keep(h, i, config.keep, config.align)
     factors = compressed * (shapes.layer_params - 3 * h * i + 3 * (h + i) * rank) * F32
     spilled = compressed * (2 * i * i + h * h) * F32 + shapes.layers * tokens * h * F32
