@@ -40,6 +40,7 @@ _ATTRIBUTE = "_svdmlp_disk_weights"
 # of rows with plain file reads, it is its 1.05 GB and one block.
 READ_BYTES = 64 * 2**20
 _STORED_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
+FLOATING = frozenset(_STORED_DTYPES)  # the safetensors dtype names that read_tensor casts
 
 
 def _data_start(path: Path) -> tuple[int, dict]:
