@@ -13,6 +13,7 @@ from conftest import ARCH_CONFIGS, SAMPLE_TEXT, tiny_model
 from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.cli import main
 from svdmlp.compression import factorise, pipeline
+from svdmlp.compression.heal import distill
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 
 IDS = torch.tensor([[1, 5, 9, 14, 3, 7, 11, 2]])
@@ -130,6 +131,27 @@ def test_one_layer_of_a_model_on_disk_is_in_memory_at_a_time(tokenizer, tmp_path
     )
     assert 0 < peak[0] <= layer_elements + embedding  # the layer compressed (and the resident norms)
     assert len(list(scratch.iterdir())) == 3  # each layer written as it was made
+
+
+def test_the_dense_teacher_keeps_no_layer_loaded(tokenizer, tmp_path, monkeypatch):
+    # Compression replaces each held layer's dense projections, which distillation keeps aside as its
+    # teacher: they must go back to their placeholders when the layer is let go, though no longer in the model.
+    _saved("llama", tokenizer, tmp_path / "model")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    model, _, _ = models.load_lazy(str(tmp_path / "model"), scratch=scratch)
+    resident = _loaded_elements(model)
+    seen = []
+    heal = distill.distill
+
+    def watched(model, teacher, *args, **kwargs):
+        with teacher.active():
+            seen.append(_loaded_elements(model))
+        return heal(model, teacher, *args, **kwargs)
+
+    monkeypatch.setattr(distill, "distill", watched)
+    pipeline.compress(model, tokenizer, _config(), calibration_text=SAMPLE_TEXT, progress=False)
+    assert seen == [resident]
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])

@@ -92,11 +92,13 @@ def tensor_files(directory: str | Path) -> dict[str, Path]:
 
 
 class _OnDisk:
-    """One on-disk parameter: its hollow placeholder, where it lies, and its loaded copy while held."""
+    """One on-disk parameter: its hollow placeholder, where it lies, and its loaded copy while held,
+    with the slots it was put in."""
 
     def __init__(self, placeholder: nn.Parameter, path: Path, name: str):
         self.placeholder, self.path, self.name = placeholder, path, name
         self.loaded: nn.Parameter | None = None
+        self.slots: list[tuple[nn.Module, str]] = []
         self.holds = 0
 
 
@@ -161,12 +163,15 @@ class DiskWeights:
                 entries[id(entry)] = entry
         return list(entries.values())
 
-    def _swap(self, current: nn.Parameter, new: nn.Parameter) -> None:
-        """Put ``new`` in every slot of the model that holds ``current`` (tied slots stay tied)."""
+    def _swap(self, current: nn.Parameter, new: nn.Parameter) -> list[tuple[nn.Module, str]]:
+        """Put ``new`` in every slot of the model that holds ``current`` (tied slots stay tied); the slots."""
+        slots = []
         for module in self.model.modules():
             for attribute, parameter in module._parameters.items():
                 if parameter is current:
                     module._parameters[attribute] = new
+                    slots.append((module, attribute))
+        return slots
 
     def _acquire(self, module: nn.Module) -> list[_OnDisk]:
         """Load ``module``'s on-disk parameters not loaded yet; the entries now held for it."""
@@ -181,20 +186,28 @@ class DiskWeights:
                     tensor = read_tensor(handle, path, entry.name, self.dtype, self.device)
                     entry.loaded = nn.Parameter(tensor, requires_grad=entry.placeholder.requires_grad)
                     self._entries[id(entry.loaded)] = entry
-                    self._swap(entry.placeholder, entry.loaded)
+                    entry.slots = self._swap(entry.placeholder, entry.loaded)
         for entry in entries:
             entry.holds += 1
         return entries
 
     def _release(self, entries: list[_OnDisk]) -> None:
-        """Drop the hold of ``entries`` (those of one :meth:`_acquire`, whatever the module holds now:
-        compression replaces a held layer's MLP)."""
+        """Drop the hold of ``entries`` (those of one :meth:`_acquire`, whatever the module holds now).
+
+        The placeholder goes back into the slots the loaded copy was put in, also those of modules no
+        longer in the model: compression replaces a held layer's dense projections, which distillation
+        keeps aside as its teacher, and a loaded copy left in them stayed in memory (every layer's dense
+        MLP, 4.5 GB of Qwen2.5-Coder-1.5B's 9.6 GB peak).
+        """
         for entry in entries:
             entry.holds -= 1
             if entry.holds == 0:
-                self._swap(entry.loaded, entry.placeholder)
+                for module, attribute in entry.slots:
+                    if module._parameters.get(attribute) is entry.loaded:
+                        module._parameters[attribute] = entry.placeholder
+                self._swap(entry.loaded, entry.placeholder)  # and any slot it was put in since
                 del self._entries[id(entry.loaded)]
-                entry.loaded = None
+                entry.loaded, entry.slots = None, []
 
     @contextmanager
     def held(self, *modules: nn.Module) -> Iterator[None]:
