@@ -109,3 +109,16 @@ def test_scratch_disk_is_the_spilled_grams_and_layers_of_a_model_on_disk():
     assert footprint.predict(LLAMA_1B, config, 16, False, RATES).disk == 0  # in memory: nothing spilled
     whiten = footprint.predict(LLAMA_1B, _config(method="whiten", allocation="uniform"), 16, True, RATES)
     assert whiten.disk == pytest.approx(layers)  # no output-gradient Grams: the compressed layers alone
+
+
+def test_calibration_with_fewer_tokens_than_the_mlp_is_wide_is_warned_of():
+    # 8 windows of 513 tokens for Llama-3.2-1B's 8192-wide MLP: its Grams have rank at most 4,104.
+    thin = footprint.thin_calibration(LLAMA_1B, _config(calibration=CalibrationSpec("general", 8, 512)))
+    assert thin.startswith("warning: 8 calibration windows are 4,104 tokens, fewer than the MLP's 8,192-wide")
+    assert thin.endswith("pass --calib-samples 16 or more")  # 16 × 513 = 8,208
+    assert (
+        footprint.thin_calibration(LLAMA_1B, _config(calibration=CalibrationSpec("general", 16, 512))) is None
+    )
+    eight = CalibrationSpec("general", 8, 512)
+    plain = _config(method="svd", sequential=False, heal="none", allocation="uniform", calibration=eight)
+    assert footprint.thin_calibration(LLAMA_1B, plain) is None  # plain SVD calibrates nothing

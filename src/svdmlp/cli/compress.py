@@ -152,6 +152,9 @@ def _check_footprint(args: argparse.Namespace, compress_config):
         resident if resident_healing else footprint.predict(shapes, compress_config, layers, on_disk, rates)
     )
     print(f"svdmlp: {predicted.line()}", file=sys.stderr, flush=True)
+    thin = footprint.thin_calibration(shapes, compress_config)
+    if thin:
+        print(f"svdmlp: {thin}", file=sys.stderr, flush=True)
     step, peak = predicted.peak
     if limit is not None and peak > limit:
         advice = " (pass --heal closed-form: distillation holds the whole model)" if step == "healing" else ""

@@ -129,6 +129,8 @@ def _print_footprint(model, points, base: CompressConfig, settings, texts: int) 
     if len(compressed) < sum(p.method != "dense" or p.quantize is not None for p in points):
         scored += " (quantizing not counted)"
     print(f"svdmlp: {predicted.line()}{scored}", file=sys.stderr, flush=True)
+    for warning in {footprint.thin_calibration(shapes, config) for config in configs} - {None}:
+        print(f"svdmlp: {warning}", file=sys.stderr, flush=True)
 
 
 def with_effort(args: argparse.Namespace) -> argparse.Namespace:
