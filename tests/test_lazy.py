@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ARCH_CONFIGS, SAMPLE_TEXT, tiny_model
+from conftest import ARCH_CONFIGS, SAMPLE_TEXT, assert_cli_error, run_cli, snapshot, tiny_model
 from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.cli import main
 from svdmlp.compression import factorise, pipeline
@@ -154,33 +154,122 @@ def test_the_dense_teacher_keeps_no_layer_loaded(tokenizer, tmp_path, monkeypatc
     assert seen == [resident]
 
 
-@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
-def test_a_run_stopped_between_layers_leaves_the_previous_checkpoint(tokenizer, tmp_path, monkeypatch, stop):
+def _command(root, out, *extra) -> list[str]:
+    """``svdmlp compress`` of the tiny model in ``root`` (default recipe, small) into ``out``."""
+    command = ["compress", str(root / "model"), "--calib", str(root / "calib.txt"), "--calib-samples", "4"]
+    command += ["--calib-seq-len", "32", "--align", "8", "--heal-steps", "2", "--heal-seq-len", "16"]
+    return [*command, "--out", str(out), *extra]
+
+
+def _factors(directory) -> dict[str, torch.Tensor]:
+    loaded, _ = checkpoint.load(directory)
+    return {name: t for name, t in loaded.state_dict().items() if "mlp" in name}
+
+
+@pytest.fixture
+def saved_model(tokenizer, tmp_path):
     _saved("llama", tokenizer, tmp_path / "model")
-    text = tmp_path / "calib.txt"
-    text.write_text(SAMPLE_TEXT)
-    out = tmp_path / "ckpt"
-    common = ["compress", str(tmp_path / "model"), "--calib", str(text), "--calib-samples", "4"]
-    common += ["--calib-seq-len", "32", "--align", "8", "--heal", "closed-form", "--no-allocate"]
-    common += ["--out", str(out)]
-    assert main([*common, "--keep", "0.5"]) == 0
+    (tmp_path / "calib.txt").write_text(SAMPLE_TEXT)
+    return tmp_path
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_a_run_stopped_between_layers_keeps_the_previous_checkpoint_and_continues(
+    saved_model, monkeypatch, stop, capsys
+):
+    root, out = saved_model, saved_model / "ckpt"
+    assert main(_command(root, out, "--keep", "0.75")) == 0
     before = json.loads((out / "svdmlp.json").read_text())
-    layer = factorise.layer
+    layer, calls = factorise.layer, []
+    monkeypatch.setattr(factorise, "layer", lambda *a, **k: calls.append(a[2]) or layer(*a, **k))
+    assert main(_command(root, root / "whole", "--keep", "0.5")) == 0  # the same run, never stopped
+    assert len(calls) == 3
 
     def stopped(model, spec, index, *args, **kwargs):
-        if index == 2 and stop == "ctrl-c":
+        if index == calls[2] and stop == "ctrl-c":
             raise KeyboardInterrupt
-        if index == 2:
+        if index == calls[2]:
             os.kill(os.getpid(), signal.SIGTERM)
         return layer(model, spec, index, *args, **kwargs)
 
     monkeypatch.setattr(factorise, "layer", stopped)
-    assert main([*common, "--keep", "0.75", "--overwrite"]) == (130 if stop == "ctrl-c" else 143)
+    again = _command(root, out, "--keep", "0.5", "--overwrite")
+    assert main(again) == (130 if stop == "ctrl-c" else 143)
     assert json.loads((out / "svdmlp.json").read_text()) == before
     checkpoint.load(out)  # every file as recorded
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.txt", "ckpt", "model"]  # no scratch left
     shard = load_file(out / before["weights"]["files"][1])
     assert "model.layers.0.mlp.down_v_t" in shard
+    work = root / ".ckpt.work"
+    assert "is kept in " + str(work) in capsys.readouterr().err
+    assert sorted(json.loads((work / "progress.json").read_text())["layers"]) == sorted(map(str, calls[:2]))
+
+    resumed = []
+    monkeypatch.setattr(factorise, "layer", lambda *a, **k: resumed.append(a[2]) or layer(*a, **k))
+    code, _, err = run_cli(capsys, *again)
+    assert code == 0, err
+    assert f"continuing the stopped run in {work}: calibration, allocation, 2 compressed layers done" in err
+    assert resumed == calls[2:]  # only the layer not done
+    assert not work.exists()
+    whole, continued = _factors(root / "whole"), _factors(out)
+    assert whole.keys() == continued.keys()
+    for name, tensor in whole.items():
+        torch.testing.assert_close(continued[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("where", ["on-disk", "resident"])
+def test_a_run_stopped_in_distillation_heals_again_from_the_layers_before_it(
+    saved_model, monkeypatch, capsys, where
+):
+    root = saved_model
+    # A tight --max-memory trains the layers on disk, each step rewriting them; else the model is loaded whole.
+    extra = ["--max-memory", "1"] if where == "on-disk" else []
+    trainer = distill._OnDisk if where == "on-disk" else distill._InMemory
+    assert main(_command(root, root / "whole", *extra)) == 0
+    step = trainer.step
+    steps = []
+
+    def stopped(self, *args, **kwargs):
+        steps.append(1)
+        if len(steps) == 2:  # after one step has changed every layer
+            raise KeyboardInterrupt
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "step", stopped)
+    assert main(_command(root, root / "ckpt", *extra)) == 130
+    monkeypatch.setattr(trainer, "step", step)
+    calls = []
+    layer = factorise.layer
+    monkeypatch.setattr(factorise, "layer", lambda *a, **k: calls.append(a[2]) or layer(*a, **k))
+    code, _, err = run_cli(capsys, *_command(root, root / "ckpt", *extra))
+    assert code == 0, err
+    assert calls == []  # every layer was done: only the distillation ran again
+    whole, continued = _factors(root / "whole"), _factors(root / "ckpt")
+    for name, tensor in whole.items():
+        torch.testing.assert_close(continued[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_stopped_run_of_another_plan_is_neither_continued_nor_lost(saved_model, monkeypatch, capsys):
+    root = saved_model
+    layer = factorise.layer
+
+    def stopped(model, spec, index, *args, **kwargs):
+        if index == 1:
+            raise KeyboardInterrupt
+        return layer(model, spec, index, *args, **kwargs)
+
+    monkeypatch.setattr(factorise, "layer", stopped)
+    assert main(_command(root, root / "ckpt", "--keep", "0.5")) == 130
+    work = root / ".ckpt.work"
+    kept = snapshot(work)
+    capsys.readouterr()
+    assert_cli_error(
+        capsys,
+        "compress",
+        _command(root, root / "ckpt", "--keep", "0.75"),
+        "holds a stopped compression of another plan (config.keep: 0.5 -> 0.75)",
+        f"delete {work}",
+    )
+    assert snapshot(work) == kept
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -219,27 +219,47 @@ class DiskWeights:
             for entries in held:
                 self._release(entries)
 
-    def store(self, unit: nn.Module) -> Path:
-        """Write every parameter of ``unit`` in :attr:`dtype` to its shard in :attr:`scratch` (atomically)
-        and read them from there from now on; the ones only in memory (new factors) are dropped. Its
-        saved buffers (quantized factors) are written too and stay in memory."""
+    def shard(self, unit: nn.Module) -> Path:
+        """The file in :attr:`scratch` that :meth:`store` writes ``unit`` to."""
         if self.scratch is None:
             raise ValueError("these disk weights have no scratch directory to store units in")
-        path = self.scratch / shard_name(self.units.index(unit), len(self.units))
-        with self.held(unit):
-            tensors = {name: t.detach().contiguous() for name, t in unit_tensors(self.model, unit).items()}
-            partial = path.with_name(path.name + ".partial")
-            save_file(tensors, partial, metadata={"format": "pt"})
-            partial.replace(path)
+        return self.scratch / shard_name(self.units.index(unit), len(self.units))
+
+    def adopt(self, unit: nn.Module) -> None:
+        """Read ``unit`` from the file :meth:`store` wrote it to in an earlier run (a stopped compression
+        continuing), as if this run had stored it; its parameters not on disk yet (the factors of a
+        low-rank module installed on the meta device) become on-disk parameters."""
+        path = self.shard(unit)
+        with safe_open(path, framework="pt") as handle:
+            stored = set(handle.keys())
+        missing = sorted(set(unit_tensors(self.model, unit)) - stored)
+        if missing:
+            raise ValueError(f"{path} holds no {missing[0]}: it was written for another model or plan")
+        self._read_from(unit, path)
+
+    def _read_from(self, unit: nn.Module, path: Path) -> None:
+        """Read ``unit``'s parameters from ``path`` (which holds them all) from now on."""
         names = tensor_names(self.model)
         for parameter in list(unit.parameters()):
             entry = self._entries.get(id(parameter))
-            if entry is None:  # in memory only: it becomes an on-disk parameter
+            if entry is None:  # in memory only, or on the meta device: it becomes an on-disk parameter
                 placeholder = self._hollow(parameter)
                 entry = self._entries[id(placeholder)] = _OnDisk(placeholder, path, "")
                 self._swap(parameter, placeholder)
             entry.path, entry.name = path, names[id(parameter)][0]
         self.stored[id(unit)] = path
+
+    def store(self, unit: nn.Module) -> Path:
+        """Write every parameter of ``unit`` in :attr:`dtype` to its shard in :attr:`scratch` (atomically)
+        and read them from there from now on; the ones only in memory (new factors) are dropped. Its
+        saved buffers (quantized factors) are written too and stay in memory."""
+        path = self.shard(unit)
+        with self.held(unit):
+            tensors = {name: t.detach().contiguous() for name, t in unit_tensors(self.model, unit).items()}
+            partial = path.with_name(path.name + ".partial")
+            save_file(tensors, partial, metadata={"format": "pt"})
+            partial.replace(path)
+        self._read_from(unit, path)
         return path
 
 

@@ -134,15 +134,19 @@ def _free_disk(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def _check_footprint(args: argparse.Namespace, compress_config):
-    """Print the predicted peak memory, time and scratch disk (to stderr, with the progress bars);
-    refuse a plan whose peak exceeds ``--max-memory``, or whose scratch files (beside ``--out``) would
-    not fit on its disk. Returns the prediction and whether a model on disk is loaded whole for
-    distillation: where that is predicted to need at most a quarter of the memory allowed."""
+def _check_footprint(args: argparse.Namespace, compress_config, journal=None):
+    """Print the predicted peak memory, time and scratch disk (to stderr, with the progress bars) of
+    what is left to do (a stopped run's ``journal`` says what is done); refuse a plan whose peak exceeds
+    ``--max-memory``, or whose scratch files (beside ``--out``) would not fit on its disk. Returns the
+    prediction and whether a model on disk is loaded whole for distillation: where that is predicted to
+    need at most a quarter of the memory allowed."""
     from svdmlp.compression import footprint
 
     shapes, on_disk = options.model_shapes(args.model)
     layers = len(compress_config.layers) if compress_config.layers is not None else shapes.layers
+    done = journal.done if journal is not None else []
+    if journal is not None:
+        layers -= len(journal.layers())
     limit = args.max_memory * footprint.GB if args.max_memory is not None else footprint.available_memory()
     rates = footprint.Rates.measure()
     resident = footprint.predict(shapes, compress_config, layers, on_disk, rates, resident_healing=True)
@@ -150,7 +154,7 @@ def _check_footprint(args: argparse.Namespace, compress_config):
     resident_healing = on_disk and healing is not None and limit is not None and healing <= limit / 4
     predicted = (
         resident if resident_healing else footprint.predict(shapes, compress_config, layers, on_disk, rates)
-    )
+    ).without(done)
     print(f"svdmlp: {predicted.line()}", file=sys.stderr, flush=True)
     thin = footprint.thin_calibration(shapes, compress_config)
     if thin:
@@ -171,6 +175,22 @@ def _check_footprint(args: argparse.Namespace, compress_config):
     return predicted, resident_healing
 
 
+def _journal(args: argparse.Namespace, compress_config, out: Path, dtype):
+    """The journal of this plan in the work directory beside ``--out`` (printing what a stopped run
+    left done), or None for a plan that cannot continue a stopped run or a model not read from disk.
+    A ValueError when the directory holds a stopped run of another plan."""
+    from svdmlp.compression import journal
+
+    if not options.model_shapes(args.model)[1] or not journal.resumable(compress_config):
+        return None
+    plan = {"model": args.model or "", "config": compress_config.to_dict(), "dtype": str(dtype)}
+    work = out.parent / f".{out.name}.work"
+    found = journal.Journal(work, plan)
+    if found.summary():
+        print(f"svdmlp: continuing the stopped run in {work}: {found.summary()} done", file=sys.stderr)
+    return found
+
+
 def run(args: argparse.Namespace) -> options.Outcome:
     import torch
 
@@ -182,14 +202,20 @@ def run(args: argparse.Namespace) -> options.Outcome:
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
     device, dtype = options.runtime(args)
     return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
-    predicted, resident_healing = _check_footprint(args, compress_config)
+    out = Path(args.out).expanduser().resolve()
+    journal = _journal(args, compress_config, out, dtype)
+    predicted, resident_healing = _check_footprint(args, compress_config, journal)
     started = time.perf_counter()
     save_dtype = getattr(torch, args.save_dtype)
-    out = Path(args.out).expanduser().resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     # Each compressed layer is written here as it is made (in the compute dtype, which distillation
-    # trains), then into the checkpoint in --save-dtype.
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.layers-", dir=out.parent))
+    # trains), then into the checkpoint in --save-dtype; with a journal, kept when the run stops.
+    if journal is not None:
+        scratch = journal.directory
+        scratch.mkdir(exist_ok=True)
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.layers-", dir=out.parent))
+    finished = False
     try:
         model, tokenizer = models.load_for_compression(args.model, dtype, device, scratch)
         done = []
@@ -200,14 +226,28 @@ def run(args: argparse.Namespace) -> options.Outcome:
             print(f"svdmlp: {line}", file=sys.stderr, flush=True)
 
         result = pipeline.compress(
-            model, tokenizer, compress_config, on_step=on_step, resident_healing=resident_healing
+            model,
+            tokenizer,
+            compress_config,
+            on_step=on_step,
+            resident_healing=resident_healing,
+            journal=journal,
         )
         base = args.model or models.DEFAULT_MODEL
         path = checkpoint.save(
             out, model, tokenizer, compress_config, result, base, overwrite=args.overwrite, dtype=save_dtype
         )
+        finished = True
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if finished or journal is None or not journal.summary():
+            shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            print(
+                f"svdmlp: stopped; what is done ({journal.summary()}) is kept in {scratch}: "
+                "run the same command again to continue",
+                file=sys.stderr,
+                flush=True,
+            )
     print(report.layer_table(result))
     print()
     print(report.summary_line(result))

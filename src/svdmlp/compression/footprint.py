@@ -136,9 +136,18 @@ class Footprint:
             "rates_flops": {"float32": self.rates.f32, "float64": self.rates.f64},
         }
 
+    def without(self, steps: list[str]) -> Footprint:
+        """The footprint of the other steps (those of a stopped run that are done)."""
+        keep = {step: v for step, v in self.memory.items() if step not in steps}
+        return Footprint(
+            keep, {s: v for s, v in self.seconds.items() if s not in steps}, self.rates, self.disk
+        )
+
     @property
     def peak(self) -> tuple[str, float]:
-        """The step whose memory is the largest, and that memory in bytes."""
+        """The step whose memory is the largest, and that memory in bytes (nothing: the base)."""
+        if not self.memory:
+            return "none", BASE_BYTES
         step = max(self.memory, key=self.memory.get)
         return step, self.memory[step]
 
@@ -156,6 +165,8 @@ class Footprint:
         return f"{text}; about {_duration(remaining)} left at this pace ({', '.join(left)})"
 
     def line(self) -> str:
+        if not self.seconds:
+            return "predicted: every step is done, the checkpoint is left to save"
         step, peak = self.peak
         total = sum(self.seconds.values())
         slowest = max(self.seconds, key=self.seconds.get)

@@ -36,6 +36,7 @@ from svdmlp.compression.calibration import (
     training_and_validation,
 )
 from svdmlp.compression.heal import distill
+from svdmlp.compression.journal import Journal, resumable
 from svdmlp.compression.report import CompressionReport, LayerRecord, count_parameters
 from svdmlp.config import CompressConfig
 from svdmlp.int_weights import factor_scheme
@@ -156,6 +157,7 @@ def compress(
     calibration: Calibration | None = None,
     on_step: Callable[[str], None] | None = None,
     resident_healing: bool = False,
+    journal: Journal | None = None,
 ) -> CompressionReport:
     """Factorise the MLPs of ``model`` in place as ``config`` says and report what was done.
 
@@ -171,12 +173,17 @@ def compress(
             "healing") as it ends, for the steps that run (the command line's time left).
         resident_healing: a model on disk is loaded whole for distillation (faster, where memory
             allows: see :func:`distill.distill`).
+        journal: a model on disk's progress (:mod:`~svdmlp.compression.journal`): what it records is
+            not done again, and what is done is recorded as it ends. Only for a plan
+            :func:`~svdmlp.compression.journal.resumable` says can continue.
 
     Returns:
         A report with every decoder layer (compressed or skipped with the reason), ranks, achieved
         keep, errors, parameter counts and the hash of the calibration tokens.
     """
     started = time.perf_counter()
+    if journal is not None and not resumable(config):
+        raise ValueError("this plan cannot continue a stopped run: compress without a journal")
 
     def step_done(step: str) -> None:
         if on_step is not None:
@@ -206,12 +213,16 @@ def compress(
     # Grams one layer at a time, as each layer's turn comes, except for one-shot factorising of a
     # model in memory after budget allocation, which reuses the probes' Grams and their whitenings.
     reuse = not config.sequential and config.allocation == "budget" and lazy.of(model) is None
+    if calibration is None and journal is not None:
+        calibration = journal.calibration()
     if (
         calibration is None
         and (config.needs_output_grams or reuse and config.needs_calibration)
         and to_compress
     ):
         calibration = _collect(model, spec, windows(), to_compress, progress, config, calibration_text, reuse)
+        if journal is not None:
+            journal.calibrated(calibration)
         step_done("calibration")
     if calibration is not None and config.needs_calibration and to_compress:
         missing = sorted(set(to_compress) - set(calibration.grams))
@@ -229,7 +240,10 @@ def compress(
 
     factorising = time.perf_counter()
     timings, allocation = {}, {}
-    if config.allocation == "budget" and to_compress:
+    allocated = journal.allocation() if journal is not None else None
+    if allocated is not None:
+        planned, allocation = allocated
+    elif config.allocation == "budget" and to_compress:
         sources = len(source_weights(config, calibration_text))
         count, seq_len = probe_shape(sources, config.calibration.seq_len)
         probes = windows(count, seq_len, config.seed + 3)
@@ -240,6 +254,10 @@ def compress(
         planned, allocation = sensitivity.allocate(
             model, spec, planned, dense, probes, config.keep, config.align, progress
         )
+        if journal is not None:
+            journal.allocated(planned, allocation)
+        step_done("allocation")
+    if allocation:
         for index in [i for i in to_compress if i not in planned]:
             skip[index] = LEFT_DENSE
             grams.pop(index, None)
@@ -247,9 +265,17 @@ def compress(
                 _discard(outputs.get(index))
         to_compress = [i for i in to_compress if i in planned]
         timings["allocation"] = allocation["seconds"]
-        step_done("allocation")
 
     done_by_index, sequential_calibration = {}, 0.0
+    if journal is not None:
+        done_by_index = journal.restore(model, spec)
+
+    def stored(index: int | None) -> None:
+        """Layer ``index`` has run on the calibration windows: written to disk, dropped, recorded."""
+        _store(model, layers, index)
+        if index is not None and journal is not None:
+            journal.stored(done_by_index[index])
+
     layer_by_layer = config.sequential or (config.needs_calibration and not grams)
     if layer_by_layer and to_compress:
         grams.clear()  # only the ranks came from the dense Grams
@@ -259,14 +285,14 @@ def compress(
             model,
             spec,
             tokens,
-            sorted(planned),
+            sorted(set(planned) - set(done_by_index)),
             keep_inputs=config.heals_closed_form,
             progress=progress,
             dense=not config.sequential,
         )
         previous = None
         for index, layer_grams, inputs in layers_in_order:
-            _store(model, layers, previous)  # it has run on the calibration windows: written, dropped
+            stored(previous)
             begun = time.perf_counter()
             layer_grams.outputs = outputs.get(index)  # the dense model's: a one-shot approximation
             layer_grams.keep_whitenings = lazy.of(model) is None  # a big model's: one at a time
@@ -275,7 +301,7 @@ def compress(
                 _discard(outputs.get(index))
             factorised += time.perf_counter() - begun
             previous = index
-        _store(model, layers, previous)
+        stored(previous)
         sequential_calibration = time.perf_counter() - sequential_started - factorised
         calibration_info = {
             "tokens": tokens.numel(),
@@ -296,19 +322,26 @@ def compress(
             layer_grams = grams.pop(index, None)  # free each layer's Grams as soon as it is done
             with lazy.held(model, layers[index]):
                 records.append(factorise.layer(model, spec, index, planned[index], layer_grams))
-            _store(model, layers, index)
+            done_by_index[index] = records[-1]
+            stored(index)
             if collected_here:
                 _discard(outputs.get(index))
     done = time.perf_counter()
     step_done("factorisation")
 
-    healing = {}
-    if teacher is not None:
+    healing = journal.healing() if journal is not None else None
+    if healing is None and teacher is not None:
+        if journal is not None:
+            journal.before_healing(model)
         healing = _heal_by_distillation(
             model, tokenizer, config, teacher, calibration_text, bos, progress, resident_healing
         )
-        timings["healing"] = healing["seconds"]
+        if journal is not None:
+            journal.healed(healing, model)
         step_done("healing")
+    healing = healing or {}
+    if healing:
+        timings["healing"] = healing["seconds"]
     del teacher  # the dense MLPs it kept
     after = count_parameters(model, mlp_names)  # before quantization turns the factors into buffers
     quantization = {}

@@ -38,6 +38,10 @@ from svdmlp.config import LoraSpec
 WARMUP = 0.1
 # The smallest RMS a relative step is taken from (Adafactor's ε₂), so that a factor near zero still moves.
 RMS_FLOOR = 1e-3
+# Beside a stored layer while distillation trains it on disk: a hard link to the file as it was before,
+# and the layer's AdamW state.
+BEFORE = ".before"
+ADAMW = ".adamw"
 
 
 def peak_rate(spec: LoraSpec, factor: torch.Tensor) -> float:
@@ -346,7 +350,7 @@ class _OnDisk:
         self.before = {}
         for layer in self.trained:  # hard links: a stored layer is rewritten by replacing its file
             path = weights.stored[id(layer)]
-            saved = path.with_name(path.name + ".before")
+            saved = path.with_name(path.name + BEFORE)
             saved.unlink(missing_ok=True)
             os.link(path, saved)
             self.before[path] = saved
@@ -399,7 +403,7 @@ class _OnDisk:
     def _adamw(self, layer: nn.Module, factors: list[nn.Parameter], scale: float) -> None:
         """One AdamW step on ``factors``, its state read from and written to the layer's state file."""
         path = self.weights.stored[id(layer)]
-        state_path = path.with_name(path.name + ".adamw")
+        state_path = path.with_name(path.name + ADAMW)
         if path not in self.rates:
             self.rates[path] = [peak_rate(self.lora, p) for p in factors]
         optimizer = _adamw(factors, self.rates[path], scale)
@@ -432,4 +436,4 @@ class _OnDisk:
             saved.unlink(missing_ok=True)
         for layer in self.trained:
             path = self.weights.stored[id(layer)]
-            path.with_name(path.name + ".adamw").unlink(missing_ok=True)
+            path.with_name(path.name + ADAMW).unlink(missing_ok=True)

@@ -1,0 +1,198 @@
+"""A compression's progress on disk, so that a stopped run continues where it stopped.
+
+A model on disk is compressed into a work directory: the output-gradient Grams are spilled there, and
+each compressed layer is written there as it is made (:meth:`svdmlp.lazy.DiskWeights.store`). The
+journal (``progress.json`` beside them, rewritten atomically) records what is done and what it found:
+the calibration's tokens, the allocated ranks, each stored layer's record, the healing. Started again
+with the same plan on the same directory, compression skips what the journal records: it installs the
+stored layers from their files instead of compressing them again, and calibration, allocation and
+healing, once recorded, are not run again. Hours of a big model's run survive a crash, an OOM kill or
+the end of a session.
+
+What is redone: a step or layer the journal does not record (a stopped layer is compressed from its
+start), and distillation, which changes the stored layers in place: it is recorded only when it ends,
+and the layers it had trained are put back as they were before it (hard links made when it starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import torch.nn as nn
+
+from svdmlp import arch, lazy, lowrank
+from svdmlp.compression.calibration import Calibration
+from svdmlp.compression.heal import distill
+from svdmlp.compression.output_grams import OutputGrams
+from svdmlp.compression.report import CompressionReport, LayerRecord
+from svdmlp.config import CompressConfig
+
+JOURNAL_FILE = "progress.json"
+
+
+def resumable(config: CompressConfig) -> bool:
+    """Whether a stopped compression of ``config`` can continue from its journal: not one-shot
+    calibration (a layer compressed earlier would change the dense walk the later layers are calibrated
+    on), nor quantized factors (their quantization is not recorded)."""
+    return (config.sequential or not config.needs_calibration) and config.factor_bits == 16
+
+
+class Journal:
+    """The progress of one plan (the model, the compression config, the dtype) in ``directory``.
+
+    Raises:
+        ValueError: the directory holds the progress of another plan, or an unreadable journal.
+    """
+
+    def __init__(self, directory: str | os.PathLike, plan: dict):
+        self.directory = Path(directory)
+        self.path = self.directory / JOURNAL_FILE
+        self.state: dict = {"plan": plan}
+        if self.path.is_file():
+            try:
+                state = json.loads(self.path.read_text())
+            except (OSError, ValueError) as err:
+                raise ValueError(
+                    f"{self.path} cannot be read ({err}): delete {self.directory} to start again"
+                ) from None
+            if state.get("plan") != plan:
+                raise ValueError(
+                    f"{self.directory} holds a stopped compression of another plan "
+                    f"({_difference(state.get('plan', {}), plan)}): run that command again to finish "
+                    f"it, or delete {self.directory} to start this one"
+                )
+            self.state = state
+
+    def _write(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text(json.dumps(self.state, indent=1))
+        partial.replace(self.path)
+
+    @property
+    def done(self) -> list[str]:
+        """The steps recorded as done (in the order they ran)."""
+        steps = [step for step in ("calibration", "allocation") if step in self.state]
+        return steps + (["healing"] if "healing" in self.state else [])
+
+    def summary(self) -> str:
+        """What a continued run will not redo, for its first lines ("" when nothing)."""
+        parts = list(self.done)
+        if self.state.get("layers"):
+            parts.append(f"{len(self.state['layers'])} compressed layers")
+        return ", ".join(parts)
+
+    # Calibration: the output-gradient Grams spilled to the directory, one file per layer.
+
+    def calibration(self) -> Calibration | None:
+        """The calibration recorded (its spilled Grams read when used), or None."""
+        saved = self.state.get("calibration")
+        if saved is None:
+            return None
+        outputs, done, allocated = {}, self.layers(), self.allocation()
+        for index, entry in saved["outputs"].items():
+            path = self.directory / entry["file"]
+            # A compressed layer's Grams were deleted once used, and those of a layer left dense.
+            needed = int(index) not in done and (allocated is None or int(index) in allocated[0])
+            if needed and not path.is_file():
+                raise ValueError(f"{path} is missing: delete {self.directory} to start again")
+            outputs[int(index)] = OutputGrams(None, None, None, tokens=entry["tokens"], path=path)
+        return Calibration({}, saved["tokens"], saved["sha256"], saved["sources"], outputs)
+
+    def calibrated(self, calibration: Calibration) -> None:
+        """Record a calibration whose output-gradient Grams are spilled into the directory."""
+        outputs = {}
+        for index, grams in calibration.outputs.items():
+            if grams.path is None or Path(grams.path).parent.resolve() != self.directory.resolve():
+                return  # held in memory: nothing on disk to continue from
+            outputs[str(index)] = {"file": Path(grams.path).name, "tokens": grams.tokens}
+        self.state["calibration"] = {**calibration.info, "outputs": outputs}
+        self._write()
+
+    # Allocation: the ranks chosen and its report.
+
+    def allocation(self) -> tuple[dict[int, dict[str, int]], dict] | None:
+        saved = self.state.get("allocation")
+        if saved is None:
+            return None
+        return {int(index): ranks for index, ranks in saved["planned"].items()}, saved["report"]
+
+    def allocated(self, planned: dict[int, dict[str, int]], report: dict) -> None:
+        self.state["allocation"] = {"planned": {str(i): r for i, r in planned.items()}, "report": report}
+        self._write()
+
+    # Layers: each compressed layer once it is stored.
+
+    def layers(self) -> dict[int, LayerRecord]:
+        """The records of the layers stored, by index."""
+        saved = self.state.get("layers", {})
+        if not saved:
+            return {}
+        report = CompressionReport.from_dict(
+            {"layers": list(saved.values()), "params_before": {}, "params_after": {}, "seconds": 0.0}
+        )
+        return {record.index: record for record in report.layers}
+
+    def stored(self, record: LayerRecord) -> None:
+        """Record layer ``record.index``, written to its file."""
+        self.state.setdefault("layers", {})[str(record.index)] = asdict(record)
+        self._write()
+
+    def restore(self, model: nn.Module, spec: arch.ArchSpec) -> dict[int, LayerRecord]:
+        """Install every recorded layer from its file (low-rank modules of its ranks, read from disk as
+        the layers this run stores are), the distillation's changes undone; the layers' records."""
+        weights = lazy.of(model)
+        layers = arch.decoder_layers(model, spec)
+        records = self.layers()
+        for index, record in records.items():
+            path = weights.shard(layers[index])
+            before = path.with_name(path.name + distill.BEFORE)
+            if before.is_file() and self.healing() is None:  # distillation stopped: undo its steps
+                os.replace(before, path)
+            before.unlink(missing_ok=True)
+            path.with_name(path.name + distill.ADAMW).unlink(missing_ok=True)
+            if not path.is_file():
+                raise ValueError(f"{path} is missing: delete {self.directory} to start again")
+            lowrank.install(model, spec, index, record.ranks, weights.dtype, "meta")
+            weights.adopt(layers[index])
+        return records
+
+    # Healing: recorded when it ends; the stored layers kept as they were while it runs.
+
+    def healing(self) -> dict | None:
+        return self.state.get("healing")
+
+    def before_healing(self, model: nn.Module) -> None:
+        """Keep each stored layer's file as it is (a hard link beside it) while distillation runs."""
+        for path in lazy.of(model).stored.values():
+            before = path.with_name(path.name + distill.BEFORE)
+            before.unlink(missing_ok=True)
+            os.link(path, before)
+
+    def healed(self, healing: dict, model: nn.Module) -> None:
+        """Record the healing, then drop the layers' copies from before it (a run stopped between the
+        two drops them when it continues: :meth:`restore`)."""
+        self.state["healing"] = healing
+        self._write()
+        for path in lazy.of(model).stored.values():
+            path.with_name(path.name + distill.BEFORE).unlink(missing_ok=True)
+
+
+def _difference(saved: dict, plan: dict) -> str:
+    """The first settings that differ between two plans, as ``name: saved -> now``."""
+    flat_saved, flat_plan = _flatten(saved), _flatten(plan)
+    keys = sorted(k for k in flat_saved.keys() | flat_plan.keys() if flat_saved.get(k) != flat_plan.get(k))
+    return "; ".join(f"{k}: {flat_saved.get(k)} -> {flat_plan.get(k)}" for k in keys[:3])
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

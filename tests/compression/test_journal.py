@@ -1,0 +1,59 @@
+"""The journal of a compression on disk: what it refuses. Continuing a stopped run end to end is in
+tests/test_lazy.py."""
+
+import pytest
+
+from svdmlp.compression import journal
+from svdmlp.compression.calibration import Calibration
+from svdmlp.compression.output_grams import OutputGrams
+from svdmlp.config import CalibrationSpec, CompressConfig
+
+PLAN = {"model": "m", "config": {"keep": 0.8, "calibration": {"num_samples": 32}}, "dtype": "torch.float32"}
+
+
+def _config(**changes) -> CompressConfig:
+    values = dict(keep=0.8, method="fisher", calibration=CalibrationSpec("general", 8, 64), sequential=True)
+    values.update(changes)
+    return CompressConfig(**values)
+
+
+def test_only_plans_that_can_continue_get_a_journal():
+    assert journal.resumable(_config())
+    assert journal.resumable(_config(method="svd", sequential=False))  # no calibration to walk
+    assert not journal.resumable(_config(sequential=False))  # a one-shot walk carries the dense layers
+    assert not journal.resumable(_config(factor_bits=8))
+
+
+def test_a_journal_of_another_plan_or_unreadable_is_refused_and_kept(tmp_path):
+    first = journal.Journal(tmp_path, PLAN)
+    first.allocated({0: {"gate": 8}}, {"seconds": 1.0})
+    other = {**PLAN, "config": {**PLAN["config"], "calibration": {"num_samples": 16}}}
+    with pytest.raises(ValueError, match=r"another plan \(config\.calibration\.num_samples: 32 -> 16\)"):
+        journal.Journal(tmp_path, other)
+    assert journal.Journal(tmp_path, PLAN).allocation() == ({0: {"gate": 8}}, {"seconds": 1.0})
+    (tmp_path / journal.JOURNAL_FILE).write_text("{not json")
+    with pytest.raises(ValueError, match=f"cannot be read .*delete {tmp_path} to start again"):
+        journal.Journal(tmp_path, PLAN)
+
+
+def test_a_calibration_whose_grams_are_gone_is_refused(tmp_path):
+    record = journal.Journal(tmp_path, PLAN)
+    spilled = {
+        i: OutputGrams(None, None, None, tokens=64, path=tmp_path / f"g{i}.safetensors") for i in (0, 1)
+    }
+    for grams in spilled.values():
+        grams.path.write_bytes(b"")
+    record.calibrated(Calibration({}, 64, "abc", [["general", 1.0]], spilled))
+    assert sorted(journal.Journal(tmp_path, PLAN).calibration().outputs) == [0, 1]
+    (tmp_path / "g1.safetensors").unlink()
+    with pytest.raises(ValueError, match="g1.safetensors is missing"):
+        journal.Journal(tmp_path, PLAN).calibration()
+    record.allocated({0: {"gate": 8}}, {"seconds": 1.0})  # layer 1 left dense: its Grams are not needed
+    assert sorted(journal.Journal(tmp_path, PLAN).calibration().outputs) == [0, 1]
+
+
+def test_a_calibration_held_in_memory_is_not_recorded(tmp_path):
+    record = journal.Journal(tmp_path, PLAN)
+    in_memory = Calibration({}, 64, "abc", [], {0: OutputGrams(None, None, None, tokens=64)})
+    record.calibrated(in_memory)
+    assert record.calibration() is None and record.summary() == ""
