@@ -35,10 +35,14 @@ def _status(pid: int) -> dict[str, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, required=True, help="directory for the trace")
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between samples")
-    parser.add_argument("--step-mb", type=float, default=100.0, help="a new stack each time the peak grows this much")
+    parser.add_argument(
+        "--step-mb", type=float, default=100.0, help="a new stack each time the peak grows this much"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -72,6 +76,7 @@ def main() -> int:
                 rss, hwm = status.get("VmRSS", 0), max(hwm, status.get("VmHWM", 0))
                 now = time.monotonic() - started
                 trace.write(f"{now:.1f}\t{rss / 2**20:.0f}\t{last_line[0]}\n")
+                trace.flush()  # readable while the command runs
                 if rss > peak:
                     peak, peak_at, peak_line = rss, now, last_line[0]
                 if spy and rss >= next_stack:
@@ -84,8 +89,12 @@ def main() -> int:
                     next_stack = rss + args.step_mb * 2**20
                 time.sleep(args.interval)
         reader.join(timeout=5)
-    print(f"exit {child.returncode}; largest sampled RSS {peak / 2**30:.2f} GB at {peak_at:.0f} s ({peak_line})")
-    print(f"VmHWM last read {hwm / 2**30:.2f} GB" + (" (a spike between samples)" if hwm > peak * 1.02 else ""))
+    print(
+        f"exit {child.returncode}; largest sampled RSS {peak / 2**30:.2f} GB at {peak_at:.0f} s ({peak_line})"
+    )
+    print(
+        f"VmHWM last read {hwm / 2**30:.2f} GB" + (" (a spike between samples)" if hwm > peak * 1.02 else "")
+    )
     if stacks:
         print(f"stack at the last new peak: {args.out / f'peak-{stacks:02d}.txt'}")
     return child.returncode
