@@ -27,7 +27,7 @@ from svdmlp import arch, lazy, lowrank
 from svdmlp.compression.calibration import Calibration
 from svdmlp.compression.heal import distill
 from svdmlp.compression.output_grams import OutputGrams
-from svdmlp.compression.report import CompressionReport, LayerRecord
+from svdmlp.compression.report import LayerRecord
 from svdmlp.config import CompressConfig
 
 JOURNAL_FILE = "progress.json"
@@ -128,13 +128,9 @@ class Journal:
 
     def layers(self) -> dict[int, LayerRecord]:
         """The records of the layers stored, by index."""
-        saved = self.state.get("layers", {})
-        if not saved:
-            return {}
-        report = CompressionReport.from_dict(
-            {"layers": list(saved.values()), "params_before": {}, "params_after": {}, "seconds": 0.0}
-        )
-        return {record.index: record for record in report.layers}
+        return {
+            int(index): LayerRecord.from_dict(data) for index, data in self.state.get("layers", {}).items()
+        }
 
     def stored(self, record: LayerRecord) -> None:
         """Record layer ``record.index``, written to its file."""

@@ -10,6 +10,8 @@
 5. heal by distillation if asked, and report.
 
 Each step lives in its own module and gets what it needs as arguments; none calls back into this one.
+Given a journal (:mod:`~svdmlp.compression.journal`), each step's result is recorded as it ends, and a
+step a stopped run recorded is not done again.
 
 A model whose layers stay on disk (:mod:`svdmlp.lazy`, what ``svdmlp compress`` loads) goes through the
 same steps in bounded memory: every step works one decoder layer at a time, the output-gradient Grams

@@ -45,6 +45,11 @@ class LayerRecord:
     def ranks(self) -> dict[str, int]:
         return {p.name: p.rank for p in self.projections}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> LayerRecord:
+        """The record :func:`dataclasses.asdict` made a dict of."""
+        return cls(**{**data, "projections": tuple(ProjectionRecord(**p) for p in data["projections"])})
+
 
 @dataclass
 class CompressionReport:
@@ -96,12 +101,7 @@ class CompressionReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> CompressionReport:
-        layers = [
-            LayerRecord(
-                **{**layer, "projections": tuple(ProjectionRecord(**p) for p in layer["projections"])}
-            )
-            for layer in data["layers"]
-        ]
+        layers = [LayerRecord.from_dict(layer) for layer in data["layers"]]
         return cls(
             layers=layers,
             params_before=data["params_before"],
