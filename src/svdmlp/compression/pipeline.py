@@ -270,6 +270,8 @@ def compress(
 
     done_by_index, sequential_calibration = {}, 0.0
     if journal is not None:
+        if config.needs_calibration:
+            windows()  # drawn while the model is dense (``self`` samples it), before the layers come back
         done_by_index = journal.restore(model, spec)
 
     def stored(index: int | None) -> None:
