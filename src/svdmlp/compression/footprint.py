@@ -304,7 +304,8 @@ def predict(
         if on_disk and not resident_healing:  # a layer, its factors' gradients and AdamW state, inputs
             layer_factors = 3 * (h + i) * rank * F32
             step = layer + 3 * layer_factors + shapes.layers * (config.lora.seq_len + 1) * h * F32
-            memory["healing"] = model + max(embedding + logits, step)
+            # The embeddings and the head are loaded one at a time, for the passes that use them.
+            memory["healing"] = model + max(vocab * h * F32 + logits, step)
         else:  # the whole model, every factor's gradient and AdamW state, the logits, and what
             # autograd keeps of every layer (attention probabilities, a few activations per width)
             factors = compressed * 3 * (h + i) * rank
