@@ -3,7 +3,7 @@ stack (py-spy) each time the peak grows by a step, so the stack at the final pea
 
     python benchmarks/peak_memory.py --out trace/ -- svdmlp compress qwen2.5-coder-1.5b --keep 0.8 ...
 
-Writes to ``--out``: ``rss.tsv`` (seconds, RSS MB, the last line the command printed to stderr),
+Writes to ``--out``: ``rss.tsv`` (seconds, RSS in MB of 10^6 bytes, the last line the command printed to stderr),
 ``stderr.log`` and ``stdout.log`` (the command's), and ``peak-NN.txt`` (the stack at each new peak);
 prints the peak and its stack at the end. ``VmHWM`` (what ``/usr/bin/time -v`` reports) can be above
 the largest sample: a spike shorter than the sampling interval is seen only there, and the summary says so.
@@ -41,7 +41,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="directory for the trace")
     parser.add_argument("--interval", type=float, default=0.2, help="seconds between samples")
     parser.add_argument(
-        "--step-mb", type=float, default=100.0, help="a new stack each time the peak grows this much"
+        "--step-mb", type=float, default=100.0, help="a new stack each time the peak grows this many MB"
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = parser.parse_args()
@@ -75,7 +75,7 @@ def main() -> int:
                 status = _status(child.pid)
                 rss, hwm = status.get("VmRSS", 0), max(hwm, status.get("VmHWM", 0))
                 now = time.monotonic() - started
-                trace.write(f"{now:.1f}\t{rss / 2**20:.0f}\t{last_line[0]}\n")
+                trace.write(f"{now:.1f}\t{rss / 1e6:.0f}\t{last_line[0]}\n")
                 trace.flush()  # readable while the command runs
                 if rss > peak:
                     peak, peak_at, peak_line = rss, now, last_line[0]
@@ -84,17 +84,15 @@ def main() -> int:
                     dump = subprocess.run(
                         [spy, "dump", "--pid", str(child.pid)], capture_output=True, text=True, check=False
                     )
-                    header = f"RSS {rss / 2**30:.2f} GB at {now:.1f} s; last stderr: {last_line[0]}\n\n"
+                    header = f"RSS {rss / 1e9:.2f} GB at {now:.1f} s; last stderr: {last_line[0]}\n\n"
                     (args.out / f"peak-{stacks:02d}.txt").write_text(header + dump.stdout + dump.stderr)
-                    next_stack = rss + args.step_mb * 2**20
+                    next_stack = rss + args.step_mb * 1e6
                 time.sleep(args.interval)
         reader.join(timeout=5)
     print(
-        f"exit {child.returncode}; largest sampled RSS {peak / 2**30:.2f} GB at {peak_at:.0f} s ({peak_line})"
+        f"exit {child.returncode}; largest sampled RSS {peak / 1e9:.2f} GB at {peak_at:.0f} s ({peak_line})"
     )
-    print(
-        f"VmHWM last read {hwm / 2**30:.2f} GB" + (" (a spike between samples)" if hwm > peak * 1.02 else "")
-    )
+    print(f"VmHWM last read {hwm / 1e9:.2f} GB" + (" (a spike between samples)" if hwm > peak * 1.02 else ""))
     if stacks:
         print(f"stack at the last new peak: {args.out / f'peak-{stacks:02d}.txt'}")
     return child.returncode

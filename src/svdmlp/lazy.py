@@ -197,7 +197,7 @@ class DiskWeights:
         The placeholder goes back into the slots the loaded copy was put in, also those of modules no
         longer in the model: compression replaces a held layer's dense projections, which distillation
         keeps aside as its teacher, and a loaded copy left in them stayed in memory (every layer's dense
-        MLP, 4.5 GB of Qwen2.5-Coder-1.5B's 9.6 GB peak).
+        MLP, 4.5 GB of Qwen2.5-Coder-1.5B's 9.9 GB peak).
         """
         for entry in entries:
             entry.holds -= 1
