@@ -11,7 +11,7 @@ import torch
 from conftest import ARCH_CONFIGS, SAMPLE_TEXT, assert_cli_error, run_cli, snapshot, tiny_model
 from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.cli import main
-from svdmlp.compression import factorise, pipeline
+from svdmlp.compression import factorise, pipeline, sensitivity
 from svdmlp.compression.heal import distill
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 
@@ -210,6 +210,36 @@ def test_a_run_stopped_between_layers_keeps_the_previous_checkpoint_and_continue
     assert resumed == calls[2:]  # only the layer not done
     assert not work.exists()
     whole, continued = _factors(root / "whole"), _factors(out)
+    assert whole.keys() == continued.keys()
+    for name, tensor in whole.items():
+        torch.testing.assert_close(continued[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_run_stopped_in_the_allocation_measures_only_the_layers_left(saved_model, monkeypatch, capsys):
+    root = saved_model
+    assert main(_command(root, root / "whole")) == 0
+    divergence, probed = sensitivity.Probe.divergence, []
+
+    def stopped(self, index, *args, **kwargs):
+        probed.append(index)
+        if len(probed) == 2:
+            raise KeyboardInterrupt
+        return divergence(self, index, *args, **kwargs)
+
+    monkeypatch.setattr(sensitivity.Probe, "divergence", stopped)
+    assert main(_command(root, root / "ckpt")) == 130
+    probed.clear()
+
+    def recorded(self, index, *args, **kwargs):
+        probed.append(index)
+        return divergence(self, index, *args, **kwargs)
+
+    monkeypatch.setattr(sensitivity.Probe, "divergence", recorded)
+    code, _, err = run_cli(capsys, *_command(root, root / "ckpt"))
+    assert code == 0, err
+    assert "calibration, 1 layers' sensitivity done" in err
+    assert probed == [1, 2]  # layer 0 was measured before the stop
+    whole, continued = _factors(root / "whole"), _factors(root / "ckpt")
     assert whole.keys() == continued.keys()
     for name, tensor in whole.items():
         torch.testing.assert_close(continued[name], tensor, rtol=1e-5, atol=1e-6, msg=name)

@@ -2,10 +2,12 @@
 tests/test_lazy.py."""
 
 import pytest
+import torch
 
 from svdmlp.compression import journal
 from svdmlp.compression.calibration import Calibration
 from svdmlp.compression.output_grams import OutputGrams
+from svdmlp.compression.ranks import LayerSensitivity, Spectrum
 from svdmlp.config import CalibrationSpec, CompressConfig
 
 PLAN = {"model": "m", "config": {"keep": 0.8, "calibration": {"num_samples": 32}}, "dtype": "torch.float32"}
@@ -57,3 +59,18 @@ def test_a_calibration_held_in_memory_is_not_recorded(tmp_path):
     in_memory = Calibration({}, 64, "abc", [], {0: OutputGrams(None, None, None, tokens=64)})
     record.calibrated(in_memory)
     assert record.calibration() is None and record.summary() == ""
+
+
+def test_measured_sensitivities_read_back_exactly_until_the_allocation_is_recorded(tmp_path):
+    energy = torch.rand(7, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).sort(
+        descending=True
+    )[0]
+    layer = LayerSensitivity(3, (Spectrum("3.gate", 8, 7, energy),), 0.0123456789012345678, 32)
+    record = journal.Journal(tmp_path, PLAN)
+    record.measured(layer)
+    read = journal.Journal(tmp_path, PLAN).sensitivities()[3]
+    assert read.kl == layer.kl and read.reference_rank == 32 and read.spectra[0].name == "3.gate"
+    assert torch.equal(read.spectra[0].energy, energy)
+    assert journal.Journal(tmp_path, PLAN).summary() == "1 layers' sensitivity"
+    record.allocated({3: {"gate": 32}}, {"seconds": 1.0})
+    assert journal.Journal(tmp_path, PLAN).sensitivities() == {}

@@ -21,12 +21,14 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
 from svdmlp import arch, lazy, lowrank
 from svdmlp.compression.calibration import Calibration
 from svdmlp.compression.heal import distill
 from svdmlp.compression.output_grams import OutputGrams
+from svdmlp.compression.ranks import LayerSensitivity, Spectrum
 from svdmlp.compression.report import LayerRecord
 from svdmlp.config import CompressConfig
 
@@ -81,6 +83,8 @@ class Journal:
     def summary(self) -> str:
         """What a continued run will not redo, for its first lines ("" when nothing)."""
         parts = list(self.done)
+        if self.state.get("sensitivities"):  # the allocation was stopped
+            parts.append(f"{len(self.state['sensitivities'])} layers' sensitivity")
         if self.state.get("layers"):
             parts.append(f"{len(self.state['layers'])} compressed layers")
         return ", ".join(parts)
@@ -112,7 +116,33 @@ class Journal:
         self.state["calibration"] = {**calibration.info, "outputs": outputs}
         self._write()
 
-    # Allocation: the ranks chosen and its report.
+    # Allocation: each layer's measured sensitivity as it is made, then the ranks chosen and the report.
+
+    def sensitivities(self) -> dict[int, LayerSensitivity]:
+        """The layers the allocation has measured so far, by index."""
+        saved = self.state.get("sensitivities", {})
+        return {
+            int(index): LayerSensitivity(
+                data["index"],
+                tuple(
+                    Spectrum(n, i, o, torch.tensor(e, dtype=torch.float64)) for n, i, o, e in data["spectra"]
+                ),
+                data["kl"],
+                data["reference_rank"],
+            )
+            for index, data in saved.items()
+        }
+
+    def measured(self, layer: LayerSensitivity) -> None:
+        # Floats print as the shortest string that reads back the same: the record is exact.
+        spectra = [(s.name, s.in_features, s.out_features, s.energy.tolist()) for s in layer.spectra]
+        self.state.setdefault("sensitivities", {})[str(layer.index)] = {
+            "index": layer.index,
+            "spectra": spectra,
+            "kl": layer.kl,
+            "reference_rank": layer.reference_rank,
+        }
+        self._write()
 
     def allocation(self) -> tuple[dict[int, dict[str, int]], dict] | None:
         saved = self.state.get("allocation")
@@ -121,7 +151,9 @@ class Journal:
         return {int(index): ranks for index, ranks in saved["planned"].items()}, saved["report"]
 
     def allocated(self, planned: dict[int, dict[str, int]], report: dict) -> None:
+        """Record the allocation (the measurements it was made from are not needed again)."""
         self.state["allocation"] = {"planned": {str(i): r for i, r in planned.items()}, "report": report}
+        self.state.pop("sensitivities", None)
         self._write()
 
     # Layers: each compressed layer once it is stored.

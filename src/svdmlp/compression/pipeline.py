@@ -249,12 +249,23 @@ def compress(
         sources = len(source_weights(config, calibration_text))
         count, seq_len = probe_shape(sources, config.calibration.seq_len)
         probes = windows(count, seq_len, config.seed + 3)
+        measured = journal.sensitivities() if journal is not None else {}
+        to_probe = sorted(set(planned) - set(measured))
         if grams or not config.needs_calibration:
-            dense = ((index, grams.get(index)) for index in planned)
+            dense = ((index, grams.get(index)) for index in to_probe)
         else:  # the dense model's Grams, made and dropped one layer at a time
-            dense = _dense_layers(model, spec, windows(), sorted(planned), outputs)
+            dense = _dense_layers(model, spec, windows(), to_probe, outputs)
         planned, allocation = sensitivity.allocate(
-            model, spec, planned, dense, probes, config.keep, config.align, progress
+            model,
+            spec,
+            planned,
+            dense,
+            probes,
+            config.keep,
+            config.align,
+            progress,
+            measured,
+            journal.measured if journal is not None else None,
         )
         if journal is not None:
             journal.allocated(planned, allocation)

@@ -18,7 +18,7 @@ share the parameter budget out.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -143,6 +143,8 @@ def allocate(
     keep: float,
     align: int,
     progress: bool = True,
+    measured: dict[int, ranks.LayerSensitivity] | None = None,
+    on_measured: Callable[[ranks.LayerSensitivity], None] | None = None,
 ) -> tuple[dict[int, dict[str, int]], dict]:
     """One rank per layer from its measured divergence at the rank rule's rank, within ``keep``'s budget.
 
@@ -153,6 +155,8 @@ def allocate(
             (:func:`svdmlp.compression.sequential.calibrated_layers` on the dense model) and dropped
             after the probe. Whitenings computed here stay with Grams the caller keeps.
         windows: the tokens the probes score.
+        measured: layers measured already (by a stopped run): ``grams`` yields only the others.
+        on_measured: called with each layer's measurement as it is made.
 
     Returns:
         The ranks of every projection of each layer to factorise (a layer the allocation leaves
@@ -160,11 +164,13 @@ def allocate(
         and the choice.
     """
     started = time.perf_counter()
-    probe = Probe(model, spec, windows)
-    layers = []
+    probe = None
+    layers = list((measured or {}).values())
     decoder_layers = arch.decoder_layers(model, spec)
-    steps = tqdm(grams, total=len(reference), desc="sensitivity", unit="layer", disable=not progress)
+    total = len(reference) - len(layers)
+    steps = tqdm(grams, total=total, desc="sensitivity", unit="layer", disable=not progress)
     for index, layer_grams in steps:
+        probe = probe or Probe(model, spec, windows)
         planned = reference[index]
         factors, spectra = {}, []
         with lazy.held(model, decoder_layers[index]):
@@ -182,6 +188,9 @@ def allocate(
         # A GLU MLP's matrices all cost hidden + intermediate per rank: the layer's first rank stands for all.
         rank = next(iter(planned.values()))
         layers.append(ranks.LayerSensitivity(index, tuple(spectra), divergence, rank))
+        if on_measured is not None:
+            on_measured(layers[-1])
+    layers.sort(key=lambda layer: layer.index)
     allocated = ranks.allocate_layer_ranks(layers, keep, align)
     info = {
         "method": "measured-sensitivity",
