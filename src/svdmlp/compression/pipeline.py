@@ -184,8 +184,8 @@ def compress(
         keep, errors, parameter counts and the hash of the calibration tokens.
     """
     started = time.perf_counter()
-    if journal is not None and not resumable(config):
-        raise ValueError("this plan cannot continue a stopped run: compress without a journal")
+    if journal is not None and (not resumable(config) or lazy.of(model) is None):
+        raise ValueError("a journal is for a model on disk and a plan that can continue (journal.resumable)")
 
     def step_done(step: str) -> None:
         if on_step is not None:
