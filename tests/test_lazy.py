@@ -50,6 +50,29 @@ def test_a_model_on_disk_computes_what_it_computes_in_memory(model_type, tokeniz
     assert torch.isnan(arch.dense_projection(model, spec, 1, "gate").weight).all()  # dropped again
 
 
+def test_a_load_interrupted_midway_leaves_nothing_loaded(tokenizer, tmp_path, monkeypatch, recwarn):
+    # Ctrl-C while a layer's weights are read: the interrupt is raised as it is, no half-loaded layer
+    # stays in memory, and the model computes as before on the next call.
+    dense = _saved("llama", tokenizer, tmp_path)
+    model, _, _ = models.load_lazy(str(tmp_path))
+    resident = _loaded_elements(model)
+    read, calls = lazy.read_tensor, []
+
+    def interrupted(*args):
+        calls.append(args)
+        if len(calls) == 5:  # inside the first decoder layer, some of its tensors read
+            raise KeyboardInterrupt
+        return read(*args)
+
+    monkeypatch.setattr(lazy, "read_tensor", interrupted)
+    with pytest.raises(KeyboardInterrupt), torch.no_grad():
+        model(IDS)
+    assert _loaded_elements(model) == resident
+    assert not [w for w in recwarn if "forward hook" in str(w.message)]
+    with torch.no_grad():
+        assert torch.equal(model(IDS).logits, dense(IDS).logits)
+
+
 def test_tied_weights_stay_one_tensor(tokenizer, tmp_path):
     _saved("gemma", tokenizer, tmp_path)
     model, _, _ = models.load_lazy(str(tmp_path))

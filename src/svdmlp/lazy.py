@@ -147,7 +147,9 @@ class DiskWeights:
         self._calls.setdefault(id(module), []).append(self._acquire(module))
 
     def _on_return(self, module: nn.Module, args, output) -> None:
-        self._release(self._calls[id(module)].pop())
+        pending = self._calls.get(id(module))
+        if pending:  # none when the call was interrupted in :meth:`_on_call` (which cleaned up)
+            self._release(pending.pop())
 
     def _hollow(self, like: nn.Parameter) -> nn.Parameter:
         """A placeholder for ``like``: its shape, the loaded dtype and device, one NaN in memory."""
@@ -180,13 +182,20 @@ class DiskWeights:
         for entry in entries:
             if entry.holds == 0:
                 by_file.setdefault(entry.path, []).append(entry)
-        for path, waiting in by_file.items():
-            with safe_open(path, framework="pt") as handle:  # closed (unmapped) once read
-                for entry in waiting:
-                    tensor = read_tensor(handle, path, entry.name, self.dtype, self.device)
-                    entry.loaded = nn.Parameter(tensor, requires_grad=entry.placeholder.requires_grad)
-                    self._entries[id(entry.loaded)] = entry
-                    entry.slots = self._swap(entry.placeholder, entry.loaded)
+        read = []
+        try:
+            for path, waiting in by_file.items():
+                with safe_open(path, framework="pt") as handle:  # closed (unmapped) once read
+                    for entry in waiting:
+                        tensor = read_tensor(handle, path, entry.name, self.dtype, self.device)
+                        entry.loaded = nn.Parameter(tensor, requires_grad=entry.placeholder.requires_grad)
+                        self._entries[id(entry.loaded)] = entry
+                        entry.slots = self._swap(entry.placeholder, entry.loaded)
+                        read.append(entry)
+        except BaseException:  # interrupted while reading (Ctrl-C): nothing stays loaded without a hold
+            for entry in read:
+                self._unload(entry)
+            raise
         for entry in entries:
             entry.holds += 1
         return entries
@@ -202,18 +211,24 @@ class DiskWeights:
         for entry in entries:
             entry.holds -= 1
             if entry.holds == 0:
-                for module, attribute in entry.slots:
-                    if module._parameters.get(attribute) is entry.loaded:
-                        module._parameters[attribute] = entry.placeholder
-                self._swap(entry.loaded, entry.placeholder)  # and any slot it was put in since
-                del self._entries[id(entry.loaded)]
-                entry.loaded, entry.slots = None, []
+                self._unload(entry)
+
+    def _unload(self, entry: _OnDisk) -> None:
+        """Put ``entry``'s placeholder back in every slot its loaded copy went into, and drop the copy."""
+        for module, attribute in entry.slots:
+            if module._parameters.get(attribute) is entry.loaded:
+                module._parameters[attribute] = entry.placeholder
+        self._swap(entry.loaded, entry.placeholder)  # and any slot it was put in since
+        del self._entries[id(entry.loaded)]
+        entry.loaded, entry.slots = None, []
 
     @contextmanager
     def held(self, *modules: nn.Module) -> Iterator[None]:
         """Inside the block, the parameters of ``modules`` are loaded."""
-        held = [self._acquire(module) for module in modules]
+        held = []
         try:
+            for module in modules:
+                held.append(self._acquire(module))
             yield
         finally:
             for entries in held:

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from svdmlp.cli import options
+from svdmlp.cli import build_parser, options
 
 
 def test_comma_list_parses_and_drops_blanks():
@@ -18,6 +18,17 @@ def test_comma_list_parses_and_drops_blanks():
     assert options.comma_list(int)("") == ()
     with pytest.raises(argparse.ArgumentTypeError, match="expected a comma-separated list, got '1,x'"):
         options.comma_list(int)("1,x")
+
+
+def test_a_comma_list_flag_given_twice_adds_to_the_list():
+    # `sweep --keep 0.95 --keep 0.9` once ran only keep 0.9: argparse's store keeps the last value.
+    keeps = build_parser().parse_args(["sweep", "--out", "o", "--keep", "0.95", "--keep", "0.9,0.8"]).keep
+    assert keeps == (0.95, 0.9, 0.8)
+    assert build_parser().parse_args(["sweep", "--out", "o"]).keep == (0.95, 0.9, 0.8, 0.7, 0.6)
+    assert build_parser().parse_args(["compress", "--out", "o", "--layers", "0", "--layers", "2"]).layers == (
+        0,
+        2,
+    )
 
 
 def _args(**flags) -> argparse.Namespace:

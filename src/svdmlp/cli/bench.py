@@ -98,6 +98,7 @@ def _add_launches(benchmarks: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tokens",
         type=options.comma_list(int),
+        action=options.Extend,
         default=(1, 16, 128, 512, 2048),
         help="token counts M (default 1,16,128,512,2048)",
     )
@@ -184,12 +185,14 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--keep",
         type=options.comma_list(float),
+        action=options.Extend,
         default=(0.8, 0.6),
         help="comma-separated keeps (default 0.8,0.6)",
     )
     parser.add_argument(
         "--batch",
         type=options.comma_list(int),
+        action=options.Extend,
         default=(1, 16),
         help="comma-separated batch sizes (default 1,16)",
     )
@@ -224,6 +227,7 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--factor-bits",
         type=options.comma_list(int),
+        action=options.Extend,
         default=(16,),
         help="comma-separated factor storage per keep: 16 (float, default), 8 or 4 (quantized, "
         "svdmlp compress --factor-bits), e.g. 16,8 for both side by side",

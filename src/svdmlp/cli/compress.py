@@ -32,11 +32,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--targets",
         type=options.comma_list(),
+        action=options.Extend,
         default=("gate", "up", "down"),
         help="projections to factorise",
     )
     p.add_argument(
-        "--layers", type=options.comma_list(int), default=None, help="decoder layer indices (default: all)"
+        "--layers",
+        type=options.comma_list(int),
+        action=options.Extend,
+        default=None,
+        help="decoder layer indices (default: all)",
     )
     options.add_effort(p)
     p.add_argument(

@@ -43,6 +43,15 @@ def comma_list(kind: Callable[[str], object] = str) -> Callable[[str], tuple]:
     return parse
 
 
+class Extend(argparse.Action):
+    """With a :func:`comma_list` type: ``--keep 0.9,0.8 --keep 0.7`` is ``(0.9, 0.8, 0.7)``, a repeated
+    flag adding to the list (argparse's own store would keep only the last one, silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        before = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, values if before is self.default else (*before, *values))
+
+
 # --- where and how a command runs ---------------------------------------------------------------
 
 
@@ -209,6 +218,7 @@ def add_tasks(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tasks",
         type=comma_list(),
+        action=Extend,
         default=(),
         metavar="NAME[,NAME]",
         help="lm-eval tasks, e.g. arc_easy,hellaswag; 'paper' = the paper's six, 'paper+' adds boolq,mathqa",

@@ -33,6 +33,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tokens",
         type=options.comma_list(int),
+        action=options.Extend,
         default=DEFAULT_TOKENS,
         help=f"token counts M (default {','.join(map(str, DEFAULT_TOKENS))})",
     )

@@ -24,11 +24,17 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", nargs="?", default=None, help="as for compress (default: smollm2-135m)")
     p.add_argument(
-        "--keep", type=options.comma_list(float), default=(0.95, 0.9, 0.8, 0.7, 0.6), help="target keeps"
+        "--keep",
+        type=options.comma_list(float),
+        action=options.Extend,
+        default=(0.95, 0.9, 0.8, 0.7, 0.6),
+        metavar="KEEP[,KEEP]",
+        help="target keeps (default 0.95,0.9,0.8,0.7,0.6)",
     )
     p.add_argument(
         "--method",
         type=options.comma_list(),
+        action=options.Extend,
         default=None,
         metavar="RECIPE[,RECIPE]",
         help="whiten, fisher, svd, or one of them followed by +OPTION for each of "
@@ -39,6 +45,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--quantize",
         type=options.comma_list(),
+        action=options.Extend,
         default=(),
         metavar="SCHEME[,SCHEME]",
         help="add the dense model with its MLP weights quantized, each scheme a point: int8 (per "
@@ -48,6 +55,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--factor-bits",
         type=options.comma_list(int),
+        action=options.Extend,
         default=(16,),
         metavar="BITS[,BITS]",
         help="the widths each recipe's factors are scored in at every keep: 16 floating point, 8 or 4 "
