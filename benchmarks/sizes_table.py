@@ -4,8 +4,9 @@
 
 The manifest is a JSON list; each row names ``model``, ``keep`` (the target), ``dense`` and ``result``
 (paths relative to the manifest: a sweep point or an ``svdmlp eval --json`` file, read as
-``ratio_table.py`` reads them), and optionally ``note`` (how the row differs from the default recipe),
-``compress`` and ``peak`` (as measured, in words). Prints the Markdown table: each text's ratio to the
+``ratio_table.py`` reads them), and optionally ``note`` (how the row's recipe differs from today's
+default), ``scoring`` (how its scoring differs from 16 windows of 512 tokens a text), ``compress`` and
+``peak`` (as measured, in words). Prints the Markdown table: each text's ratio to the
 same model dense on the same windows, the geometric means over the built-in domains and over all texts.
 The plot draws the domains' geometric mean against keep for each model and recipe, and each text's ratio
 at keep 0.8 for the rows without a note (today's default recipe).
@@ -62,7 +63,8 @@ def table(rows: list[dict]) -> str:
     headers = ["model", "keep (achieved)", *names, "geomean domains", "geomean all", "compress", "peak RSS"]
     lines = []
     for row in rows:
-        keep = f"{row['keep']:g} ({row['achieved']:.4f})" + (f", {row['note']}" if row.get("note") else "")
+        notes = [row[key] for key in ("note", "scoring") if row.get(key)]
+        keep = ", ".join([f"{row['keep']:g} ({row['achieved']:.4f})", *notes])
         cells = [f"×{row['ratios'][n]:.2f}" if n in row["ratios"] else "-" for n in names]
         cells += [
             f"×{row['domains']:.3f}",
