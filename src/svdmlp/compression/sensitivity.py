@@ -29,7 +29,7 @@ from svdmlp import arch, lazy
 from svdmlp.compression import factorise, ranks
 from svdmlp.compression.calibration import LayerGrams, tokens_hash
 from svdmlp.compression.decompose import Factors
-from svdmlp.compression.layer_inputs import head_only, stood_in
+from svdmlp.compression.layer_inputs import KL_ROWS, head_only, stood_in
 
 
 @contextmanager
@@ -51,12 +51,7 @@ def _reconstructed(
             arch.dense_projection(model, spec, index, name).weight.data = data
 
 
-# Rows of next-token log-probabilities formed at once (KL terms included): a few MB of temporaries for a
-# 128k vocabulary, where the whole (tokens, vocab) tensor costs 263 MB for 512 tokens in float32.
-KL_ROWS = 32
-
-
-def _log_prob_blocks(model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor) -> Iterator[torch.Tensor]:
+def log_prob_blocks(model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor) -> Iterator[torch.Tensor]:
     """Next-token log-probabilities of all ``windows``, ``(rows, vocab)`` about :data:`KL_ROWS` rows at a
     time, always in the same order: one forward pass through the decoder layers (a model on disk loads
     each layer once per pass), then the model's own head on a few positions at a time, so that the
@@ -113,7 +108,7 @@ class Probe:
         self.model, self.spec, self.windows = model, spec, windows
         self.layers = arch.decoder_layers(model, spec)
         with _recorded(list(self.layers)) as outputs:
-            blocks = list(_log_prob_blocks(model, spec, windows))
+            blocks = list(log_prob_blocks(model, spec, windows))
         self.dense = blocks  # (rows, vocab) blocks in the order divergence's pass makes them
         self.outputs = outputs
 
@@ -127,9 +122,7 @@ class Probe:
         ):
             kl = sum(
                 float((p.exp() * (p - q)).sum())
-                for p, q in zip(
-                    self.dense, _log_prob_blocks(self.model, self.spec, self.windows), strict=True
-                )
+                for p, q in zip(self.dense, log_prob_blocks(self.model, self.spec, self.windows), strict=True)
             )
         return kl / self.windows.numel()
 

@@ -197,6 +197,20 @@ def test_validation_kl_is_kept_per_source_and_decides_on_their_mean(tokenizer):
     assert result.to_dict()["kl_by_source"] == result.kl_by_source
 
 
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])
+def test_validation_kl_by_rows_is_the_kl_of_whole_logits(model_type, tokenizer):
+    # Validation forms the student's log-probabilities a few rows at a time; the value must be the
+    # mean token KL of the whole logits (Gemma: its softcapping included).
+    model, teacher, _ = _compressed(model_type, tokenizer)
+    windows = _windows(tokenizer, 3, 2)
+    with torch.no_grad():
+        with teacher.active():
+            dense = model(input_ids=windows).logits
+        expected = float(distill.token_kl(model(input_ids=windows).logits, dense))
+    assert expected > 1e-4
+    assert distill.validation_kl(model, teacher, windows) == pytest.approx(expected, rel=1e-4)
+
+
 def test_nothing_to_heal_is_an_error(tokenizer):
     model = tiny_model("llama")
     teacher = distill.DenseTeacher(model, arch.resolve("llama"), [0])

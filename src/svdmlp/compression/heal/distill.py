@@ -31,7 +31,8 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from svdmlp import arch, lazy, lowrank
-from svdmlp.compression.layer_inputs import capture, head_gradient, input_gradient, run_layer
+from svdmlp.compression.layer_inputs import capture, head_gradient_by_rows, input_gradient, run_layer
+from svdmlp.compression.sensitivity import log_prob_blocks
 from svdmlp.config import LoraSpec
 
 # Fraction of the steps spent warming the learning rate up (at least one step).
@@ -140,14 +141,17 @@ def _teacher_logits(model: nn.Module, teacher: DenseTeacher, ids: torch.Tensor) 
 
 @torch.no_grad()
 def validation_kl(model: nn.Module, teacher: DenseTeacher, windows: torch.Tensor) -> float:
-    """Mean token KL from the dense model to ``model`` over ``windows`` (one window at a time)."""
-    device = next(model.parameters()).device
+    """Mean token KL from the dense model to ``model`` over ``windows``: one window at a time, the
+    student's log-probabilities a few rows at a time (:func:`~svdmlp.compression.sensitivity.log_prob_blocks`),
+    so that only the teacher's are whole in memory."""
+    spec = arch.of_model(model)
     total = 0.0
     for window in windows:
-        ids = window[None].to(device)
-        student = model(input_ids=ids, use_cache=False).logits
-        total += float(token_kl(student, _teacher_logits(model, teacher, ids)))
-    return total / len(windows)
+        with teacher.active():
+            dense = list(log_prob_blocks(model, spec, window[None]))
+        student = log_prob_blocks(model, spec, window[None])
+        total += sum(float((p.exp() * (p - q)).sum()) for p, q in zip(dense, student, strict=True))
+    return total / windows.numel()
 
 
 def kl_by_source(
@@ -381,9 +385,10 @@ class _OnDisk:
                 with lazy.held(self.model, layer):
                     inputs.append(hidden)
                     hidden = run_layer(layer, hidden, batch.kwargs[index])
-        loss, gradient = head_gradient(
-            self.model, self.spec, ids, hidden, lambda logits: token_kl(logits, target)
-        )
+        with lazy.held(self.model, self.model.get_output_embeddings()):  # read once for all its rows
+            loss, gradient = head_gradient_by_rows(
+                self.model, self.spec, hidden, lambda logits, rows: token_kl(logits, target[:, rows])
+            )
         if not math.isfinite(loss):
             return loss
         for index in reversed(range(len(self.layers))):
