@@ -24,6 +24,8 @@ def test_a_comma_list_flag_given_twice_adds_to_the_list():
     # `sweep --keep 0.95 --keep 0.9` once ran only keep 0.9: argparse's store keeps the last value.
     keeps = build_parser().parse_args(["sweep", "--out", "o", "--keep", "0.95", "--keep", "0.9,0.8"]).keep
     assert keeps == (0.95, 0.9, 0.8)
+    again = ["bench", "e2e", "--batch", "1", "--batch", "1,16"]  # the device scripts' dry runs do this
+    assert build_parser().parse_args(again).batch == (1, 16)
     assert build_parser().parse_args(["sweep", "--out", "o"]).keep == (0.95, 0.9, 0.8, 0.7, 0.6)
     assert build_parser().parse_args(["compress", "--out", "o", "--layers", "0", "--layers", "2"]).layers == (
         0,

@@ -53,7 +53,7 @@ def test_texts_and_datasets_together(sweep_argv, wikitext, tmp_path):
     text = tmp_path / "own.txt"
     text.write_text(SAMPLE_TEXT, encoding="utf-8")
     options = ["--text", str(text), "--dataset", "wikitext2", "--data-files", f"wikitext2={wikitext}"]
-    assert main(argv + ["--method", "svd"] + options) == 0
+    assert main(argv[:4] + ["--method", "svd"] + argv[6:] + options) == 0
     record = json.loads((out / "points" / "svd-keep0.5.json").read_text())
     assert list(record["perplexity"]) == [str(text), "wikitext2"]
     report = (out / "report.md").read_text()

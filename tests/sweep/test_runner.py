@@ -62,7 +62,8 @@ def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, c
     # them; and the dense point depends on no compression setting at all.
     assert main(argv + ["--heal-lr", "0.5"]) == 0
     assert compresses == []
-    assert main(argv + ["--calib-samples", "2", "--keep", "0.3", "--method", "svd"]) == 0
+    other = argv[:2] + ["--keep", "0.3", "--method", "svd"] + argv[6:] + ["--calib-samples", "2"]
+    assert main(other) == 0
     assert len(compresses) == 1  # svd-keep0.3 only: the dense point is reused under other calibration
 
 
@@ -85,7 +86,7 @@ def test_sweep_with_a_task_plots_accuracy_and_reports_failures(setup, tmp_path, 
     monkeypatch.setattr(harness, "_task_manager", lambda factory, path, defaults: local(factory, path, False))
     pytest.importorskip("lm_eval")
     tasks.write_multiple_choice_task(tmp_path / "tasks", "tiny_mc", RECORDS)
-    argv = argv[:4] + argv[6:] + ["--method", "whiten", "--keep", "0.5"]
+    argv = argv[:2] + argv[6:] + ["--method", "whiten", "--keep", "0.5"]
     argv += ["--tasks", "tiny_mc,nope_mc", "--include-path", str(tmp_path / "tasks")]
     assert main(argv) == 1
     assert "task nope_mc failed on dense: unknown task 'nope_mc'" in capsys.readouterr().out

@@ -45,11 +45,13 @@ def comma_list(kind: Callable[[str], object] = str) -> Callable[[str], tuple]:
 
 class Extend(argparse.Action):
     """With a :func:`comma_list` type: ``--keep 0.9,0.8 --keep 0.7`` is ``(0.9, 0.8, 0.7)``, a repeated
-    flag adding to the list (argparse's own store would keep only the last one, silently)."""
+    flag adding to the list (argparse's own store would keep only the last one, silently), a value
+    given again counted once (``--batch 1 --batch 1`` is ``(1,)``)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         before = getattr(namespace, self.dest)
-        setattr(namespace, self.dest, values if before is self.default else (*before, *values))
+        added = values if before is self.default else (*before, *values)
+        setattr(namespace, self.dest, tuple(dict.fromkeys(added)))
 
 
 # --- where and how a command runs ---------------------------------------------------------------
