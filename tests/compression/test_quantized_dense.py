@@ -1,6 +1,8 @@
 """A dense model's MLP rounded by GPTQ: at most the scheme's values per row, each layer's MLP output closer to
 the float one on the calibration windows than round to nearest's."""
 
+import torch
+
 from conftest import SAMPLE_TEXT, tiny_model
 from svdmlp import arch
 from svdmlp.compression import calibration, sequential
@@ -9,6 +11,7 @@ from svdmlp.config import CalibrationSpec, CompressConfig
 from svdmlp.quantize import quantize_mlp
 
 
+@torch.no_grad()
 def _mlp_errors(model, reference, windows) -> list[float]:
     """Each layer's relative MLP output error against ``reference`` on the same MLP inputs."""
     spec = arch.of_model(model)
