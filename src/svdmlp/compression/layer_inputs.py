@@ -144,14 +144,20 @@ def head_gradient_by_rows(
     at a time: the logits of all tokens are never whole in memory (distillation's step of a 1.5B model
     rose 1.6 GB above the rest of it there)."""
     given = hidden.detach().requires_grad_(True)
-    length = hidden.shape[1]
-    step, total = max(1, KL_ROWS // hidden.shape[0]), 0.0
+    total = 0.0
     with head_only(model, spec, given), torch.enable_grad():
-        for start in range(0, length, step):
-            positions = torch.arange(start, min(start + step, length), device=hidden.device)
-            # inputs_embeds: the embedding is neither read nor used; the stand-in layers return ``given``
-            logits = model(inputs_embeds=given, use_cache=False, logits_to_keep=positions).logits
-            part = loss(logits, positions) * (len(positions) / length)
+        for positions, logits in logits_by_rows(model, given):
+            part = loss(logits, positions) * (len(positions) / hidden.shape[1])
             part.backward()
             total += float(part.detach())
     return total, given.grad
+
+
+def logits_by_rows(model: nn.Module, hidden: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Inside :func:`head_only` for ``hidden``: ``(positions, logits)`` of about :data:`KL_ROWS` rows
+    of tokens at a time, in order, from the model's own final norm, head and logit transforms."""
+    step = max(1, KL_ROWS // hidden.shape[0])
+    for start in range(0, hidden.shape[1], step):
+        positions = torch.arange(start, min(start + step, hidden.shape[1]), device=hidden.device)
+        # inputs_embeds: the embedding is neither read nor used; the stand-in layers return ``hidden``
+        yield positions, model(inputs_embeds=hidden, use_cache=False, logits_to_keep=positions).logits

@@ -29,7 +29,7 @@ from svdmlp import arch, lazy
 from svdmlp.compression import factorise, ranks
 from svdmlp.compression.calibration import LayerGrams, tokens_hash
 from svdmlp.compression.decompose import Factors
-from svdmlp.compression.layer_inputs import KL_ROWS, head_only, stood_in
+from svdmlp.compression.layer_inputs import head_only, logits_by_rows, stood_in
 
 
 @contextmanager
@@ -52,21 +52,18 @@ def _reconstructed(
 
 
 def log_prob_blocks(model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor) -> Iterator[torch.Tensor]:
-    """Next-token log-probabilities of all ``windows``, ``(rows, vocab)`` about :data:`KL_ROWS` rows at a
-    time, always in the same order: one forward pass through the decoder layers (a model on disk loads
-    each layer once per pass), then the model's own head on a few positions at a time, so that the
-    logits of all tokens are never whole in memory."""
+    """Next-token log-probabilities of all ``windows``, ``(rows, vocab)`` a few rows at a time, always in
+    the same order: one forward pass through the decoder layers (a model on disk loads each layer once
+    per pass), then the model's own head on a few positions at a time
+    (:func:`~svdmlp.compression.layer_inputs.logits_by_rows`), so that the logits of all tokens are
+    never whole in memory."""
     layers = arch.decoder_layers(model, spec)
     ids = windows.to(next(model.parameters()).device)
     with _recorded([layers[-1]]) as last:
         model(input_ids=ids, use_cache=False, logits_to_keep=1)
     hidden = last[0][0] if isinstance(last[0], tuple) else last[0]
-    step = max(1, KL_ROWS // len(windows))
     with head_only(model, spec, hidden), lazy.held(model, model.get_output_embeddings()):
-        for start in range(0, windows.shape[1], step):
-            positions = torch.arange(start, min(start + step, windows.shape[1]), device=ids.device)
-            # inputs_embeds: the embedding (the largest tensor of a small model) is not read again
-            logits = model(inputs_embeds=hidden, use_cache=False, logits_to_keep=positions).logits
+        for _, logits in logits_by_rows(model, hidden):
             rows = logits.float().reshape(-1, logits.shape[-1])
             yield rows - torch.logsumexp(rows, dim=-1, keepdim=True)
 
