@@ -21,7 +21,7 @@ from svdmlp.evaluate.suite import ratios_to_dense
 from svdmlp.tables import markdown_table
 
 
-def _row(path: str, first: bool = False) -> dict:
+def read_row(path: str, first: bool = False) -> dict:
     """A sweep point, or one row of an ``svdmlp eval --json`` file: its first (the dense baseline) or
     last; its perplexities keyed by text name (a file's stem)."""
     data = json.loads(Path(path).read_text())
@@ -29,8 +29,16 @@ def _row(path: str, first: bool = False) -> dict:
     return {**row, "perplexity": {Path(n).stem: value for n, value in row["perplexity"].items()}}
 
 
+def ratios_of(dense: dict[str, float], perplexity: dict[str, float]) -> dict:
+    """``ratios`` (each text's, to dense) and their geometric means over the built-in held-out
+    ``domains`` (None if none was scored) and over ``all`` texts."""
+    every = ratios_to_dense(dense, perplexity)
+    domains = ratios_to_dense({n: v for n, v in dense.items() if n in HELDOUT_SOURCES}, perplexity)
+    return {"ratios": every["ratios"], "domains": domains["geomean"], "all": every["geomean"]}
+
+
 def main(dense_path: str, results: list[str]) -> str:
-    dense = _row(dense_path, first=True)["perplexity"]
+    dense = read_row(dense_path, first=True)["perplexity"]
     names = [n for n in HELDOUT_SOURCES if n in dense] + [n for n in dense if n not in HELDOUT_SOURCES]
     headers = [
         "recipe",
@@ -43,13 +51,12 @@ def main(dense_path: str, results: list[str]) -> str:
     rows = []
     for item in results:
         label, _, path = item.partition("=")
-        row = _row(path)
+        row = read_row(path)
         if sorted(row["perplexity"]) != sorted(names):
             raise SystemExit(f"{path} scored other texts than {dense_path}")
-        every = ratios_to_dense(dense, row["perplexity"])
-        builtin = ratios_to_dense({n: dense[n] for n in names if n in HELDOUT_SOURCES}, row["perplexity"])
-        cells = [label, *(f"×{every['ratios'][n]:.2f}" for n in names)]
-        cells += [f"×{builtin['geomean']:.3f}" if builtin["geomean"] else "-", f"×{every['geomean']:.3f}"]
+        ratios = ratios_of(dense, row["perplexity"])
+        cells = [label, *(f"×{ratios['ratios'][n]:.2f}" for n in names)]
+        cells += [f"×{ratios['domains']:.3f}" if ratios["domains"] else "-", f"×{ratios['all']:.3f}"]
         seconds = row.get("compress_seconds")
         cells += [f"{row.get('achieved_keep', 1.0):.4f}", "-" if seconds is None else f"{seconds:.0f}"]
         rows.append(cells)

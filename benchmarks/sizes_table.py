@@ -19,10 +19,9 @@ import json
 from pathlib import Path
 
 from matplotlib.ticker import FuncFormatter
-from ratio_table import _row
+from ratio_table import ratios_of, read_row
 
 from svdmlp.corpora import HELDOUT_SOURCES
-from svdmlp.evaluate.suite import ratios_to_dense
 from svdmlp.plots import new_figure, save_figure
 from svdmlp.tables import markdown_table
 
@@ -32,23 +31,12 @@ def scored(manifest: Path) -> list[dict]:
     ``achieved`` (the keep reached) added; every row must have scored the same texts as its dense one."""
     rows = []
     for entry in json.loads(manifest.read_text()):
-        dense = _row(str(manifest.parent / entry["dense"]), first=True)["perplexity"]
-        result = _row(str(manifest.parent / entry["result"]))
+        dense = read_row(str(manifest.parent / entry["dense"]), first=True)["perplexity"]
+        result = read_row(str(manifest.parent / entry["result"]))
         if sorted(result["perplexity"]) != sorted(dense):
             raise SystemExit(f"{entry['result']} scored other texts than {entry['dense']}")
-        every = ratios_to_dense(dense, result["perplexity"])
-        domains = ratios_to_dense(
-            {n: v for n, v in dense.items() if n in HELDOUT_SOURCES}, result["perplexity"]
-        )
-        rows.append(
-            {
-                **entry,
-                "ratios": every["ratios"],
-                "domains": domains["geomean"],
-                "all": every["geomean"],
-                "achieved": result.get("achieved_keep", 1.0),
-            }
-        )
+        ratios = ratios_of(dense, result["perplexity"])
+        rows.append({**entry, **ratios, "achieved": result.get("achieved_keep", 1.0)})
     return rows
 
 
