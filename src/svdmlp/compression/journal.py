@@ -124,7 +124,7 @@ class Journal:
         saved = self.state.get("sensitivities", {})
         return {
             int(index): LayerSensitivity(
-                data["index"],
+                int(index),
                 tuple(
                     Spectrum(n, i, o, torch.tensor(e, dtype=torch.float64)) for n, i, o, e in data["spectra"]
                 ),
@@ -138,7 +138,6 @@ class Journal:
         # Floats print as the shortest string that reads back the same: the record is exact.
         spectra = [(s.name, s.in_features, s.out_features, s.energy.tolist()) for s in layer.spectra]
         self.state.setdefault("sensitivities", {})[str(layer.index)] = {
-            "index": layer.index,
             "spectra": spectra,
             "kl": layer.kl,
             "reference_rank": layer.reference_rank,
