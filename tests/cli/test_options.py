@@ -27,10 +27,8 @@ def test_a_comma_list_flag_given_twice_adds_to_the_list():
     again = ["bench", "e2e", "--batch", "1", "--batch", "1,16"]  # the device scripts' dry runs do this
     assert build_parser().parse_args(again).batch == (1, 16)
     assert build_parser().parse_args(["sweep", "--out", "o"]).keep == (0.95, 0.9, 0.8, 0.7, 0.6)
-    assert build_parser().parse_args(["compress", "--out", "o", "--layers", "0", "--layers", "2"]).layers == (
-        0,
-        2,
-    )
+    layers = ["compress", "--out", "o", "--layers", "0", "--layers", "2"]
+    assert build_parser().parse_args(layers).layers == (0, 2)
 
 
 def _args(**flags) -> argparse.Namespace:
