@@ -180,7 +180,7 @@ def _config(*argv):
     from svdmlp.cli import build_parser
     from svdmlp.cli.compress import config
 
-    return config(build_parser().parse_args(["compress", "--out", "x", *argv]))
+    return config(build_parser().parse_args(["compress", "--out", "x", *argv]), inter=1536)
 
 
 def test_effort_presets_fill_every_option_not_given():

@@ -75,11 +75,11 @@ def test_dataset_option_errors_are_one_line(sweep_argv, wikitext, capsys):
     assert not (out / "points").exists()  # every error comes before any work
 
 
-def _resolved(*argv):
+def _resolved(*argv, inter=1536):
     from svdmlp.cli import build_parser
     from svdmlp.cli.sweep import with_effort
 
-    return with_effort(build_parser().parse_args(["sweep", "--out", "x", *argv]))
+    return with_effort(build_parser().parse_args(["sweep", "--out", "x", *argv]), inter)
 
 
 def test_with_no_method_a_sweep_runs_the_recipe_and_budgets_compress_uses():
@@ -92,3 +92,4 @@ def test_with_no_method_a_sweep_runs_the_recipe_and_budgets_compress_uses():
     assert (fast.method, fast.calib_samples, fast.heal_steps) == (("fisher",), 32, 48)
     given = _resolved("--method", "whiten,svd", "--calib-samples", "8", "--heal-steps", "3")
     assert (given.method, given.calib_samples, given.heal_steps) == (("whiten", "svd"), 8, 3)
+    assert _resolved(inter=4864).calib_samples == 64  # a wide MLP gets more windows, as in compress

@@ -99,8 +99,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def config(args: argparse.Namespace) -> CompressConfig:
-    """The config of the flags given, every other recipe option and budget from ``--effort``.
+def config(args: argparse.Namespace, inter: int) -> CompressConfig:
+    """The config of the flags given, every other recipe option and budget from ``--effort`` (the
+    calibration windows also from the MLP's intermediate width ``inter``).
 
     Plain SVD collects no calibration, so with ``--method svd`` the effort's sequential calibration and
     closed-form healing (which need it) do not apply; options given explicitly always do.
@@ -113,7 +114,9 @@ def config(args: argparse.Namespace) -> CompressConfig:
         heal = effort.heal if calibrated else ("lora" if "lora" in effort.heal.split("+") else "none")
     allocate = args.allocate if args.allocate is not None else effort.allocation == "budget"
     sequential = args.sequential if args.sequential is not None else effort.sequential and calibrated
-    samples = effort.calib_samples if args.calib_samples is None else args.calib_samples
+    samples = args.calib_samples
+    if samples is None:
+        samples = effort.calibration_windows(inter, args.calib_seq_len)
     steps = effort.heal_steps if args.heal_steps is None else args.heal_steps
     return CompressConfig(
         keep=args.keep,
@@ -139,7 +142,7 @@ def _free_disk(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def _check_footprint(args: argparse.Namespace, compress_config, journal=None):
+def _check_footprint(args: argparse.Namespace, compress_config, shapes, on_disk: bool, journal=None):
     """Print the predicted peak memory, time and scratch disk (to stderr, with the progress bars) of
     what is left to do (a stopped run's ``journal`` says what is done); refuse a plan whose peak exceeds
     ``--max-memory``, or whose scratch files (beside ``--out``) would not fit on its disk. Returns the
@@ -147,7 +150,6 @@ def _check_footprint(args: argparse.Namespace, compress_config, journal=None):
     need at most a quarter of the memory allowed."""
     from svdmlp.compression import footprint
 
-    shapes, on_disk = options.model_shapes(args.model)
     layers = len(compress_config.layers) if compress_config.layers is not None else shapes.layers
     done = journal.done if journal is not None else []
     if journal is not None:
@@ -180,13 +182,13 @@ def _check_footprint(args: argparse.Namespace, compress_config, journal=None):
     return predicted, resident_healing
 
 
-def _journal(args: argparse.Namespace, compress_config, out: Path, dtype):
+def _journal(args: argparse.Namespace, compress_config, on_disk: bool, out: Path, dtype):
     """The journal of this plan in the work directory beside ``--out`` (printing what a stopped run
     left done), or None for a plan that cannot continue a stopped run or a model not read from disk.
     A ValueError when the directory holds a stopped run of another plan."""
     from svdmlp.compression import journal
 
-    if not options.model_shapes(args.model)[1] or not journal.resumable(compress_config):
+    if not on_disk or not journal.resumable(compress_config):
         return None
     plan = {"model": args.model or "", "config": compress_config.to_dict(), "dtype": str(dtype)}
     work = out.parent / f".{out.name}.work"
@@ -203,13 +205,14 @@ def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp.compression import pipeline, report
     from svdmlp.runtime import return_freed_memory
 
-    compress_config = config(args)
+    shapes, on_disk = options.model_shapes(args.model)
+    compress_config = config(args, shapes.inter)
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
     device, dtype = options.runtime(args)
     return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
     out = Path(args.out).expanduser().resolve()
-    journal = _journal(args, compress_config, out, dtype)
-    predicted, resident_healing = _check_footprint(args, compress_config, journal)
+    journal = _journal(args, compress_config, on_disk, out, dtype)
+    predicted, resident_healing = _check_footprint(args, compress_config, shapes, on_disk, journal)
     started = time.perf_counter()
     save_dtype = getattr(torch, args.save_dtype)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from svdmlp.arch import BOS_MODES
 from svdmlp.backends import BACKENDS
-from svdmlp.config import EFFORTS, CalibrationSpec, LoraSpec
+from svdmlp.config import CALIB_TOKENS_PER_WIDTH, EFFORTS, CalibrationSpec, LoraSpec
 from svdmlp.paths import under_umask
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -131,7 +131,11 @@ def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32, w
         "--calib-samples",
         type=int,
         default=samples,
-        help=f"calibration windows (default {samples if samples is not None else 'as --effort says'})",
+        help=f"calibration windows (default {samples})"
+        if samples is not None
+        else "calibration windows (default: as --effort says, 32, more for a wide MLP: enough for "
+        f"{CALIB_TOKENS_PER_WIDTH} tokens per unit of its intermediate width, in multiples of 32; "
+        "Qwen2.5-Coder-0.5B 64, Qwen2.5-Coder-1.5B 128)",
     )
     parser.add_argument(
         "--calib-seq-len", type=int, default=512, help="tokens per calibration window (default 512)"

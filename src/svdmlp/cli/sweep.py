@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp.sweep import markdown, runner, speed
 
     return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
-    args = with_effort(args)
+    shapes, on_disk = options.model_shapes(args.model)
+    args = with_effort(args, shapes.inter)
     points = runner.plan(args.keep, args.method, args.quantize, args.factor_bits)
     bench = speed.load(args.bench) if args.bench else None  # checked before any work
     settings = options.eval_settings(args)
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     device, dtype = options.runtime(args)
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
     left = [p for p in points if not runner.point_path(Path(args.out), p).is_file()]
-    _print_footprint(args.model, left, base, settings, len(names))
+    _print_footprint(shapes, on_disk, left, base, settings, len(names))
     texts = runner.Texts(names, lambda tokenizer: options.eval_texts(args, names, tokenizer))
     records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
     sources = [name for name in names if name not in args.dataset]  # names are distinct
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     return options.Outcome(1 if failed else 0, {"report": str(path), "points": records, "failed": failed})
 
 
-def _print_footprint(model, points, base: CompressConfig, settings, texts: int) -> None:
+def _print_footprint(shapes, on_disk: bool, points, base: CompressConfig, settings, texts: int) -> None:
     """The predicted peak memory and time of the points still to run, before any work (to stderr, as
     compress prints its own)."""
     from svdmlp.compression import footprint
@@ -127,7 +128,6 @@ def _print_footprint(model, points, base: CompressConfig, settings, texts: int) 
     if not compressed:
         return  # nothing to compress (scoring dense and its baselines is minutes)
 
-    shapes, on_disk = options.model_shapes(model)
     configs = [replace(base.with_recipe(p.method), keep=p.keep) for p in compressed]
     # Each text is scored on at most max_windows windows; without a limit its length is unknown here.
     tokens = texts * settings.max_windows * settings.seq_len if settings.max_windows else 0
@@ -141,12 +141,15 @@ def _print_footprint(model, points, base: CompressConfig, settings, texts: int) 
         print(f"svdmlp: {warning}", file=sys.stderr, flush=True)
 
 
-def with_effort(args: argparse.Namespace) -> argparse.Namespace:
-    """``args`` with the recipes and budgets not given taken from ``--effort``, as compress takes them."""
+def with_effort(args: argparse.Namespace, inter: int) -> argparse.Namespace:
+    """``args`` with the recipes and budgets not given taken from ``--effort``, as compress takes them
+    (the calibration windows also from the MLP's intermediate width ``inter``)."""
     effort = EFFORTS[args.effort]
     resolved = argparse.Namespace(**vars(args))
     resolved.method = args.method or (effort.recipe,)
-    resolved.calib_samples = effort.calib_samples if args.calib_samples is None else args.calib_samples
+    resolved.calib_samples = args.calib_samples
+    if resolved.calib_samples is None:
+        resolved.calib_samples = effort.calibration_windows(inter, args.calib_seq_len)
     resolved.heal_steps = effort.heal_steps if args.heal_steps is None else args.heal_steps
     return resolved
 
