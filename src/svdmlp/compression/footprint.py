@@ -223,6 +223,21 @@ def _root_bytes(n: int) -> float:
     return n * n * F64
 
 
+def _svd_bytes(rows: int, cols: int) -> float:
+    """Decomposing one weighted ``rows × cols`` projection in float64 (``decompose.Decomposition.of``):
+    the weight, its weighted copy, the copy LAPACK's SVD (gesdd) overwrites and its left factor, four
+    m·n buffers, and the SVD's workspace and right factor, about 8·n² (n the smaller side). At
+    Llama-3.1-8B's MLP (4096 × 14336) that is 3.0 GB beside the root: the allocation's and
+    factorisation's peaks (BENCHMARKS.md, session 13)."""
+    m, n = max(rows, cols), min(rows, cols)
+    return (4 * m * n + 8 * n * n) * F64
+
+
+def _strip_bytes(n: int) -> float:
+    """One strip of a Gram's update (``gram.accumulate_gram``): its float32 product and float64 copy."""
+    return n * math.ceil(n / GRAM_BLOCKS) * (F32 + F64)
+
+
 def predict(
     shapes: Shapes,
     config: CompressConfig,
@@ -260,7 +275,7 @@ def predict(
         return tokens * 2 * sum(n * n for n in widths) * GRAM_WORK / speed.f32
 
     if not config.needs_calibration:
-        memory["factorisation"] = model + layer + 2 * i * h * F64
+        memory["factorisation"] = model + layer + _svd_bytes(h, i)
         seconds["factorisation"] = compressed * 3 * 4 * h * h * i / speed.f64
         return Footprint(memory, seconds, rates, disk)
     fisher = config.needs_output_grams
@@ -281,18 +296,19 @@ def predict(
     )
     probe_tokens = SENSITIVITY_TOKENS
     per_layer = model + layer + input_grams + hidden_states
+    decomposing = _root_bytes(i) + _svd_bytes(h, i)  # one projection's root of an inter² Gram and SVD
     if config.allocation == "budget":
         # The embeddings, then the head, one at a time; the dense and the probed log-probabilities.
         probe = (vocab * h * F32 if on_disk else 0) + probe_tokens * vocab * F32 * 2
-        memory["allocation"] = per_layer + max(_root_bytes(i), probe)
+        memory["allocation"] = per_layer + max(decomposing, probe)
         seconds["allocation"] = compressed * (factorise + 2 * shapes.params * probe_tokens / 2 / speed.f32)
-    # A layer's peak: the root of one Gram beside its input Grams, or closed form's two Grams (one of
-    # which becomes its own root) and its MLP inputs.
-    closed_form = (2 * i * i * F64 + hidden_states) if config.heals_closed_form else 0
+    # A layer's peak: decomposing a projection beside its input Grams, or closed form's two Grams (one
+    # of which becomes its own root), a strip of their update, and its MLP inputs.
+    closed_form = (2 * i * i * F64 + _strip_bytes(i) + hidden_states) if config.heals_closed_form else 0
     # Only one-shot factorising in memory after allocation keeps every layer's input Grams (the probes').
     reused = not on_disk and not config.sequential and config.allocation == "budget"
     memory["factorisation"] = (
-        per_layer + max(_root_bytes(i), closed_form) + (compressed * input_grams if reused else 0)
+        per_layer + max(decomposing, closed_form) + (compressed * input_grams if reused else 0)
     )
     # Closed form: its two inter² Grams (one a product of two batches), their root, and W·Cᵀ, the
     # triangular solve, the target and two errors through inter² matrices (about 7·h·i² in float64).
