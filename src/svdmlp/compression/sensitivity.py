@@ -96,6 +96,12 @@ class _Replay(nn.Module):
         return self.output
 
 
+def block_kl(dense: Iterable[torch.Tensor], blocks: Iterable[torch.Tensor]) -> float:
+    """Summed over rows, ``KL(p ‖ q)`` of aligned blocks of log-probabilities (:func:`log_prob_blocks`
+    of the dense model and of another, in the same order)."""
+    return sum(float((p.exp() * (p - q)).sum()) for p, q in zip(dense, blocks, strict=True))
+
+
 class Probe:
     """The dense model's predictions on some windows, and each layer's outputs on the way, recorded
     once; :meth:`divergence` then measures one layer's factorisation against them."""
@@ -117,10 +123,7 @@ class Probe:
             _reconstructed(self.model, self.spec, index, factors),
             stood_in(self.layers, {i: _Replay(self.outputs[i]) for i in range(index)}),
         ):
-            kl = sum(
-                float((p.exp() * (p - q)).sum())
-                for p, q in zip(self.dense, log_prob_blocks(self.model, self.spec, self.windows), strict=True)
-            )
+            kl = block_kl(self.dense, log_prob_blocks(self.model, self.spec, self.windows))
         return kl / self.windows.numel()
 
 

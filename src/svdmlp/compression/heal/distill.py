@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from svdmlp import arch, lazy, lowrank
 from svdmlp.compression.layer_inputs import capture, head_gradient_by_rows, input_gradient, run_layer
-from svdmlp.compression.sensitivity import log_prob_blocks
+from svdmlp.compression.sensitivity import block_kl, log_prob_blocks
 from svdmlp.config import LoraSpec
 
 # Fraction of the steps spent warming the learning rate up (at least one step).
@@ -149,8 +149,7 @@ def validation_kl(model: nn.Module, teacher: DenseTeacher, windows: torch.Tensor
     for window in windows:
         with teacher.active():
             dense = list(log_prob_blocks(model, spec, window[None]))
-        student = log_prob_blocks(model, spec, window[None])
-        total += sum(float((p.exp() * (p - q)).sum()) for p, q in zip(dense, student, strict=True))
+        total += block_kl(dense, log_prob_blocks(model, spec, window[None]))
     return total / windows.numel()
 
 
