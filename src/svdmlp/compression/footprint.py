@@ -317,20 +317,20 @@ def predict(
         factorise + (closed if config.heals_closed_form else 0)
     )
     if config.heals_lora:
-        window = (config.lora.seq_len + 1) * vocab * F32
+        teacher_logits = (config.lora.seq_len + 1) * vocab * F32  # one window's, float32
         if on_disk and not resident_healing:  # a layer, its factors' gradients and AdamW state, inputs
             layer_factors = 3 * (h + i) * rank * F32
             step = layer + 3 * layer_factors + shapes.layers * (config.lora.seq_len + 1) * h * F32
             # The embeddings and the head are loaded one at a time, for the passes that use them; the
             # teacher's logits are whole, the student's formed a few rows at a time (layer_inputs.KL_ROWS).
-            logits = window + KL_ROWS * vocab * F32 * LOGIT_COPIES * 2
+            logits = teacher_logits + KL_ROWS * vocab * F32 * LOGIT_COPIES * 2
             memory["healing"] = model + max(vocab * h * F32 + logits, step)
         else:  # the whole model, every factor's gradient and AdamW state, the logits, and what
             # autograd keeps of every layer (attention probabilities, a few activations per width)
             factors = compressed * 3 * (h + i) * rank
             seq = config.lora.seq_len + 1
             kept = shapes.layers * (shapes.heads * seq * seq + 8 * seq * (h + i)) * F32
-            logits = window * LOGIT_COPIES * 2  # the teacher's and the student's, whole
+            logits = teacher_logits * LOGIT_COPIES * 2  # the teacher's and the student's, whole
             memory["healing"] = BASE_BYTES + shapes.params * F32 + factors * 3 * F32 + logits + kept
         seconds["healing"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / speed.f32
     return Footprint(memory, seconds, rates, disk)
