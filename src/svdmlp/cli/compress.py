@@ -114,9 +114,7 @@ def config(args: argparse.Namespace, inter: int) -> CompressConfig:
         heal = effort.heal if calibrated else ("lora" if "lora" in effort.heal.split("+") else "none")
     allocate = args.allocate if args.allocate is not None else effort.allocation == "budget"
     sequential = args.sequential if args.sequential is not None else effort.sequential and calibrated
-    samples = args.calib_samples
-    if samples is None:
-        samples = effort.calibration_windows(inter, args.calib_seq_len)
+    samples = options.calibration_windows(args, effort, inter)
     steps = effort.heal_steps if args.heal_steps is None else args.heal_steps
     return CompressConfig(
         keep=args.keep,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from svdmlp.arch import BOS_MODES
 from svdmlp.backends import BACKENDS
-from svdmlp.config import CALIB_TOKENS_PER_WIDTH, EFFORTS, CalibrationSpec, LoraSpec
+from svdmlp.config import CALIB_TOKENS_PER_WIDTH, EFFORTS, CalibrationSpec, Effort, LoraSpec
 from svdmlp.paths import under_umask
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -140,6 +140,13 @@ def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32, w
     parser.add_argument(
         "--calib-seq-len", type=int, default=512, help="tokens per calibration window (default 512)"
     )
+
+
+def calibration_windows(args: argparse.Namespace, effort: Effort, inter: int) -> int:
+    """``--calib-samples`` if given, else ``effort``'s count for an MLP ``inter`` wide (compress, sweep)."""
+    if args.calib_samples is not None:
+        return args.calib_samples
+    return effort.calibration_windows(inter, args.calib_seq_len)
 
 
 def calibration_spec(args: argparse.Namespace) -> CalibrationSpec:

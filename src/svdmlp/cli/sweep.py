@@ -147,9 +147,7 @@ def with_effort(args: argparse.Namespace, inter: int) -> argparse.Namespace:
     effort = EFFORTS[args.effort]
     resolved = argparse.Namespace(**vars(args))
     resolved.method = args.method or (effort.recipe,)
-    resolved.calib_samples = args.calib_samples
-    if resolved.calib_samples is None:
-        resolved.calib_samples = effort.calibration_windows(inter, args.calib_seq_len)
+    resolved.calib_samples = options.calibration_windows(args, effort, inter)
     resolved.heal_steps = effort.heal_steps if args.heal_steps is None else args.heal_steps
     return resolved
 
