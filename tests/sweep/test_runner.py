@@ -9,7 +9,7 @@ import torch
 
 from conftest import SAMPLE_TEXT, count_calls, save_tiny_llama, tiny_sweep_argv
 from svdmlp.cli import main
-from svdmlp.compression import pipeline
+from svdmlp.compression import factorise, pipeline
 from svdmlp.evaluate import harness, tasks
 
 RECORDS = [
@@ -209,3 +209,46 @@ def test_quantized_baselines_and_factors_are_points_at_their_bytes(tmp_path, tok
     samples = argv.index("--calib-samples") + 1
     assert main(argv[:samples] + ["2"] + argv[samples + 1 :]) == 2
     assert "dense-int4-gptq.json was made with other compress" in capsys.readouterr().err
+
+
+def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, tokenizer, monkeypatch, capsys):
+    # Hours of a big model's point must survive a stop: its journal and the shared Grams stay on disk.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    recipe = "fisher+allocate+sequential"
+    assert main(tiny_sweep_argv(model_dir, text, tmp_path / "whole", "0.8,0.5", recipe)) == 0
+    out = tmp_path / "out"
+    argv = tiny_sweep_argv(model_dir, text, out, "0.8,0.5", recipe)
+    first, layer, second = out / "points" / f"{recipe}-keep0.8.json", factorise.layer, []
+
+    def stopped(model, spec, index, *args, **kwargs):
+        if first.is_file():  # in the second point
+            second.append(index)
+            if len(second) == 2:
+                raise KeyboardInterrupt
+        return layer(model, spec, index, *args, **kwargs)
+
+    monkeypatch.setattr(factorise, "layer", stopped)
+    assert main(argv) == 130
+    work = out / f".{recipe}-keep0.5.work"
+    assert f"kept in {work}" in capsys.readouterr().out
+    assert list(json.loads((work / "progress.json").read_text())["layers"]) == [str(second[0])]
+    assert (out / ".calibration" / "progress.json").is_file()
+
+    calibrations, resumed = count_calls(monkeypatch, pipeline, "collect_calibration"), []
+    monkeypatch.setattr(factorise, "layer", lambda *a, **k: resumed.append(a[2]) or layer(*a, **k))
+    assert main(argv) == 0
+    assert (
+        f"continuing the stopped point in {work}: allocation, 1 compressed layers done"
+        in capsys.readouterr().out
+    )
+    assert calibrations == [] and resumed[0] == second[1]
+    assert second[0] not in resumed  # the layer done before the stop is not made again
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+    for name in ("dense", f"{recipe}-keep0.8", f"{recipe}-keep0.5"):
+        whole = json.loads((tmp_path / "whole" / "points" / f"{name}.json").read_text())
+        continued = json.loads((out / "points" / f"{name}.json").read_text())
+        assert continued["achieved_keep"] == whole["achieved_keep"]
+        assert continued["perplexity"] == pytest.approx(whole["perplexity"], rel=1e-5)

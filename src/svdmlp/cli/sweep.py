@@ -19,7 +19,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="compress at several keeps and methods, evaluate each, write a Markdown report with plots",
         description=(
             "Resumable: each finished point is OUT/points/NAME.json; a rerun skips it (so rerunning "
-            "with --bench FILE added only rebuilds the report)."
+            "with --bench FILE added only rebuilds the report). A point stopped part way keeps what it "
+            "did in OUT/.NAME.work and the shared Grams in OUT/.calibration: the same command continues it."
         ),
     )
     p.add_argument("model", nargs="?", default=None, help="as for compress (default: smollm2-135m)")

@@ -10,10 +10,15 @@ model on disk (every local or built-in one, :mod:`svdmlp.lazy`) is compressed on
 every point, and shares only its output-gradient Grams, kept on disk: a sweep then needs about the
 memory of one compression, whatever its number of keeps.
 
+A stopped sweep also continues inside the point it stopped in: on a model on disk the shared Grams
+(``OUT/.calibration``) and each point's journal and compressed layers (``OUT/.NAME.work``, as
+``svdmlp compress`` keeps them, :mod:`svdmlp.compression.journal`) stay until the sweep ends, so an
+hour-long point stopped at its last layer redoes only that layer.
+
 Quantized factors (``--factor-bits 8|4``) are made from the floating-point point of the same method
 and keep, kept for them as a checkpoint in the sweep's scratch directory, as ``svdmlp quantize`` makes
-them from a checkpoint: one compression serves every width. A resumed sweep whose floating-point
-point finished earlier compresses again with the factors quantized (the same factors, as
+them from a checkpoint: one compression serves every width. A sweep resumed after it ended, whose
+floating-point point finished then, compresses again with the factors quantized (the same factors, as
 ``compress --factor-bits`` makes them).
 """
 
@@ -22,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -30,8 +34,9 @@ from pathlib import Path
 
 import torch
 
-from svdmlp import arch, checkpoint, models
+from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.compression import pipeline
+from svdmlp.compression.journal import Journal, resumable
 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import CompressionReport, count_parameters
 from svdmlp.compression.report import mlp_bytes as report_mlp_bytes
@@ -39,6 +44,8 @@ from svdmlp.config import FACTOR_BITS, CompressConfig, LoraSpec
 from svdmlp.evaluate import suite
 from svdmlp.quantize import quantize_mlp
 
+# Where a sweep into OUT keeps the output-gradient Grams its points share (a model on disk).
+SHARED = ".calibration"
 # The dense baselines a sweep can add: the MLP weights rounded to nearest or by GPTQ (svdmlp eval --quantize).
 QUANTIZATIONS = ("int8", "int4", "int8-gptq", "int4-gptq")
 
@@ -143,14 +150,24 @@ def run_sweep(
     }
     (out / "points").mkdir(parents=True, exist_ok=True)
     # A model on disk keeps the shared output-gradient Grams here, each point's compressed layers in a
-    # scratch directory of its own: memory holds about one layer whatever the number of keeps.
-    shared = Path(tempfile.mkdtemp(prefix=".calibration-", dir=out))
+    # work directory of its own: memory holds about one layer whatever the number of keeps. Both stay
+    # when the sweep stops, for the next run to continue from.
+    shared = out / SHARED
+    shared.mkdir(exist_ok=True)
+    finished = False
     try:
-        return _run_points(
+        records = _run_points(
             model_name, points, texts, settings, base, out, dtype, device, log, identity, shared
         )
+        finished = True
+        return records
     finally:
-        shutil.rmtree(shared, ignore_errors=True)
+        if finished or not shared.is_dir() or not any(shared.iterdir()):
+            shutil.rmtree(shared, ignore_errors=True)
+        else:
+            log(
+                f"stopped; the shared calibration is kept in {shared}: run the same command again to continue"
+            )
 
 
 def _run_points(model_name, points, texts, settings, base, out, dtype, device, log, identity, shared):
@@ -165,8 +182,9 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
             records.append(record)
             continue
         point_started = time.perf_counter()
-        scratch = Path(tempfile.mkdtemp(prefix=f".{point.name}-", dir=shared.parent))
+        work = out / f".{point.name}.work"  # the compressed layers, and their journal where it can continue
         kept = shared / point.floating.name  # the floating-point model, for the quantized factors
+        journal, prefix = None, f"[{number}/{len(points)}]"
         try:
             record = {
                 "sweep": identity,
@@ -180,26 +198,33 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
                 model, tokenizer = checkpoint.load(kept, backend="torch", dtype=dtype, device=device)
                 record.update(_quantized_factors(model, tokenizer, kept, point))
             else:
-                model, tokenizer = models.load_for_compression(model_name, dtype, device, scratch)
+                work.mkdir(exist_ok=True)
+                model, tokenizer = models.load_for_compression(model_name, dtype, device, work)
                 if point.method == "dense":
                     record.update(_dense(model, tokenizer, point, base))
                 else:
                     config = _config(point, base)
-                    wants = pipeline.shared_calibration(model, config)
-                    if wants and (
-                        calibration is None or (config.needs_output_grams and not calibration.outputs)
-                    ):
-                        log(f"[{number}/{len(points)}] collecting calibration Grams once for every keep")
-                        calibration = pipeline.collect_calibration(model, tokenizer, config, spill=shared)
-                    report = pipeline.compress(model, tokenizer, config, calibration=calibration)
+                    journal = _journal(model, config, identity, work, log, prefix)
+                    if pipeline.shared_calibration(model, config):
+                        calibration = _shared_calibration(
+                            model, tokenizer, config, calibration, shared, identity, log, prefix
+                        )
+                    report = pipeline.compress(
+                        model, tokenizer, config, calibration=calibration, journal=journal
+                    )
                     record.update(_compressed(report))
                     if any(p.floating == point and not point_path(out, p).is_file() for p in points[number:]):
                         checkpoint.save(
                             kept, model, tokenizer, config, report, identity["model"], dtype=dtype
                         )
             record.update(suite.score(model, tokenizer, texts.of(tokenizer), settings, point.name))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        except BaseException:
+            if journal is not None and journal.summary():
+                log(f"{prefix} {point.name}: stopped; what is done ({journal.summary()}) is kept in {work}")
+            else:
+                shutil.rmtree(work, ignore_errors=True)
+            raise
+        shutil.rmtree(work, ignore_errors=True)
         if not any(p.floating == point.floating and p.factor_bits != 16 for p in points[number:]):
             shutil.rmtree(kept, ignore_errors=True)  # no point left to quantize its factors
         record["seconds"] = time.perf_counter() - point_started
@@ -210,10 +235,41 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
         left = (len(points) - number) * elapsed / ran
         ppl = ", ".join(f"{name} {value:.4g}" for name, value in record["perplexity"].items())
         log(
-            f"[{number}/{len(points)}] {point.name}: keep {record['achieved_keep']:.4f}, PPL {ppl} "
+            f"{prefix} {point.name}: keep {record['achieved_keep']:.4f}, PPL {ppl} "
             f"({record['seconds']:.0f} s; about {left / 60:.0f} min left)"
         )
     return records
+
+
+def _journal(model, config: CompressConfig, identity: dict, work: Path, log, prefix: str) -> Journal | None:
+    """The journal of a point's compression in ``work``, or None for a plan that cannot continue."""
+    if lazy.of(model) is None or not resumable(config):
+        return None
+    plan = {"model": identity["model"], "config": config.to_dict(), "dtype": identity["dtype"]}
+    journal = Journal(work, plan)
+    if journal.summary():
+        log(f"{prefix} continuing the stopped point in {work}: {journal.summary()} done")
+    return journal
+
+
+def _shared_calibration(
+    model, tokenizer, config, calibration, shared: Path, identity: dict, log, prefix: str
+):
+    """The calibration every point shares: ``calibration`` when it serves ``config``, else what a
+    stopped sweep left in ``shared`` (a model on disk), else collected now, once for every keep."""
+    on_disk = lazy.of(model) is not None
+    # The shared Grams depend on the calibration's settings, not on what each point does with them.
+    plan = {key: identity[key] for key in ("model", "dtype")}
+    plan.update({key: identity["compress"][key] for key in ("calibration", "seed", "layers", "targets")})
+    if calibration is None and on_disk:
+        calibration = Journal(shared, plan).calibration()
+    if calibration is not None and (calibration.outputs or not config.needs_output_grams):
+        return calibration
+    log(f"{prefix} collecting calibration Grams once for every keep")
+    calibration = pipeline.collect_calibration(model, tokenizer, config, spill=shared)
+    if on_disk:
+        Journal(shared, plan).calibrated(calibration)
+    return calibration
 
 
 def _config(point: Point, base: CompressConfig) -> CompressConfig:
