@@ -109,6 +109,23 @@ def test_a_sweep_calibrates_once_and_peaks_as_its_largest_point():
     assert sweep.peak[1] == max(p.peak[1] for p in points)  # one point's model and Grams at a time
 
 
+def test_a_continued_sweep_predicts_only_what_its_stopped_points_left():
+    keeps = [_config(keep=k) for k in (0.9, 0.8)]
+    stopped = footprint.Done(("calibration", "allocation"), layers=10)
+    sweep = footprint.predict_sweep(
+        LLAMA_1B, keeps, True, RATES, 0, 3, [stopped, footprint.Done(("calibration",))]
+    )
+    left = footprint.predict(LLAMA_1B, keeps[0], 6, True, RATES)
+    rest = footprint.predict(LLAMA_1B, keeps[1], 16, True, RATES)
+    assert "calibration" not in sweep.seconds and "calibration" not in sweep.memory
+    assert sweep.seconds["allocation"] == pytest.approx(
+        rest.seconds["allocation"]
+    )  # the first point's is done
+    assert sweep.seconds["factorisation"] == pytest.approx(
+        left.seconds["factorisation"] + rest.seconds["factorisation"]
+    )
+
+
 def test_scratch_disk_is_the_spilled_grams_and_layers_of_a_model_on_disk():
     config = _config()
     on_disk = footprint.predict(LLAMA_1B, config, 16, True, RATES)

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import SAMPLE_TEXT, count_calls, save_tiny_llama, tiny_sweep_argv
+from conftest import SAMPLE_TEXT, count_calls, run_cli, save_tiny_llama, tiny_sweep_argv
 from svdmlp.cli import main
 from svdmlp.compression import factorise, pipeline
 from svdmlp.evaluate import harness, tasks
@@ -236,6 +236,9 @@ def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, toke
     assert f"kept in {work}" in capsys.readouterr().out
     assert list(json.loads((work / "progress.json").read_text())["layers"]) == [str(second[0])]
     assert (out / ".calibration" / "progress.json").is_file()
+    code, _, err = run_cli(capsys, *argv, "--calib-samples", "5")
+    assert code == 2 and "holds a stopped compression of another plan" in err  # refused before any work
+    assert (work / "progress.json").is_file()
 
     calibrations, resumed = count_calls(monkeypatch, pipeline, "collect_calibration"), []
     monkeypatch.setattr(factorise, "layer", lambda *a, **k: resumed.append(a[2]) or layer(*a, **k))

@@ -104,7 +104,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
     device, dtype = options.runtime(args)
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
     left = [p for p in points if not runner.point_path(Path(args.out), p).is_file()]
-    _print_footprint(shapes, on_disk, left, base, settings, len(names))
+    done = runner.stopped(args.model, left, names, settings, base, Path(args.out), dtype)
+    _print_footprint(shapes, on_disk, left, done, base, settings, len(names))
     texts = runner.Texts(names, lambda tokenizer: options.eval_texts(args, names, tokenizer))
     records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
     sources = [name for name in names if name not in args.dataset]  # names are distinct
@@ -116,24 +117,28 @@ def run(args: argparse.Namespace) -> options.Outcome:
     return options.Outcome(1 if failed else 0, {"report": str(path), "points": records, "failed": failed})
 
 
-def _print_footprint(shapes, on_disk: bool, points, base: CompressConfig, settings, texts: int) -> None:
-    """The predicted peak memory and time of the points still to run, before any work (to stderr, as
-    compress prints its own)."""
+def _print_footprint(shapes, on_disk: bool, points, done, base: CompressConfig, settings, texts: int) -> None:
+    """The predicted peak memory and time of the points still to run, less what stopped runs ``done``
+    of each, before any work (to stderr, as compress prints its own)."""
     from svdmlp.compression import footprint
 
     # Quantized factors are made from their floating-point point when it runs too; quantizing (and
     # rounding a dense baseline) is counted in neither memory nor time.
     compressed = [
-        p for p in points if p.method != "dense" and (p.factor_bits == 16 or p.floating not in points)
+        (p, finished)
+        for p, finished in zip(points, done, strict=True)
+        if p.method != "dense" and (p.factor_bits == 16 or p.floating not in points)
     ]
     if not compressed:
         return  # nothing to compress (scoring dense and its baselines is minutes)
 
-    configs = [replace(base.with_recipe(p.method), keep=p.keep) for p in compressed]
+    configs = [replace(base.with_recipe(p.method), keep=p.keep) for p, _ in compressed]
     # Each text is scored on at most max_windows windows; without a limit its length is unknown here.
     tokens = texts * settings.max_windows * settings.seq_len if settings.max_windows else 0
     rates = footprint.Rates.measure()
-    predicted = footprint.predict_sweep(shapes, configs, on_disk, rates, tokens, len(points))
+    predicted = footprint.predict_sweep(
+        shapes, configs, on_disk, rates, tokens, len(points), [finished for _, finished in compressed]
+    )
     scored = "" if tokens else " (scoring not counted: no --max-windows)"
     if len(compressed) < sum(p.method != "dense" or p.quantize is not None for p in points):
         scored += " (quantizing not counted)"

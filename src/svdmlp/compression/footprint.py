@@ -336,6 +336,15 @@ def predict(
     return Footprint(memory, seconds, rates, disk)
 
 
+@dataclass(frozen=True)
+class Done:
+    """What a stopped compression finished (:mod:`~svdmlp.compression.journal`): its steps, and its
+    layers compressed."""
+
+    steps: tuple[str, ...] = ()
+    layers: int = 0
+
+
 def predict_sweep(
     shapes: Shapes,
     configs: list[CompressConfig],
@@ -343,17 +352,20 @@ def predict_sweep(
     rates: Rates,
     eval_tokens: int,
     scores: int,
+    done: list[Done] | None = None,
 ) -> Footprint:
-    """The footprint of a sweep: ``configs`` compressed one after the other, and ``scores`` models (these
-    and the dense one, unless it was scored earlier) each scored on ``eval_tokens`` tokens (its time
-    only: scoring holds less than compressing). The output-gradient Grams are made once and read back
-    for every keep (``calibration`` counts once); memory is the largest of any point's steps, as each
-    point's model and Grams are freed before the next."""
+    """The footprint of a sweep: ``configs`` compressed one after the other, less what stopped runs
+    ``done`` of each, and ``scores`` models (these and the dense one, unless it was scored earlier)
+    each scored on ``eval_tokens`` tokens (its time only: scoring holds less than compressing). The
+    output-gradient Grams are made once and read back for every keep (``calibration`` counts once);
+    memory is the largest of any point's steps, as each point's model and Grams are freed before the
+    next."""
     memory: dict[str, float] = {}
     seconds: dict[str, float] = {}
     disk = 0.0
-    for config in configs:
-        point = predict(shapes, config, shapes.layers, on_disk, rates)
+    for config, finished in zip(configs, done or [Done()] * len(configs), strict=True):
+        point = predict(shapes, config, shapes.layers - finished.layers, on_disk, rates)
+        point = point.without(list(finished.steps))
         disk = max(disk, point.disk)
         for step, value in point.memory.items():
             memory[step] = max(memory.get(step, 0.0), value)

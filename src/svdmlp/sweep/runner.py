@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from svdmlp import arch, checkpoint, lazy, models
-from svdmlp.compression import pipeline
+from svdmlp.compression import footprint, pipeline
 from svdmlp.compression.journal import Journal, resumable
 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import CompressionReport, count_parameters
@@ -141,13 +141,7 @@ def run_sweep(
     log=print,
 ) -> list[dict]:
     """Compress and score every point not already in ``out/points``; return all points' records."""
-    identity = {
-        "model": model_name or models.DEFAULT_MODEL,
-        "texts": list(texts.names),
-        "settings": settings.to_dict(),
-        "compress": {k: v for k, v in base.to_dict().items() if k not in ("keep", "method", "factor_bits")},
-        "dtype": str(dtype).removeprefix("torch."),
-    }
+    identity = _identity(model_name, texts.names, settings, base, dtype)
     (out / "points").mkdir(parents=True, exist_ok=True)
     # A model on disk keeps the shared output-gradient Grams here, each point's compressed layers in a
     # work directory of its own: memory holds about one layer whatever the number of keeps. Both stay
@@ -170,6 +164,61 @@ def run_sweep(
             )
 
 
+def stopped(
+    model_name: str | None,
+    points: list[Point],
+    names: list[str],
+    settings: suite.EvalSettings,
+    base: CompressConfig,
+    out: Path,
+    dtype: torch.dtype = torch.float32,
+) -> list[footprint.Done]:
+    """What a stopped sweep into ``out`` left done of each of ``points``: the shared calibration and
+    each point's journal (for the first line's prediction of what is left).
+
+    Raises:
+        ValueError: ``out`` holds the stopped work of other settings.
+    """
+    identity = _identity(model_name, names, settings, base, dtype)
+    calibrated = Journal(out / SHARED, _shared_plan(identity)).calibration() is not None
+    shared = ("calibration",) if calibrated else ()
+    done = []
+    for point in points:
+        if point.method == "dense":
+            done.append(footprint.Done())
+            continue
+        journal = Journal(_work(out, point), _point_plan(identity, _config(point, base)))
+        done.append(footprint.Done(shared + tuple(journal.done), len(journal.layers())))
+    return done
+
+
+def _identity(model_name, names, settings, base: CompressConfig, dtype) -> dict:
+    """What every point's numbers depend on, recorded with each point."""
+    return {
+        "model": model_name or models.DEFAULT_MODEL,
+        "texts": list(names),
+        "settings": settings.to_dict(),
+        "compress": {k: v for k, v in base.to_dict().items() if k not in ("keep", "method", "factor_bits")},
+        "dtype": str(dtype).removeprefix("torch."),
+    }
+
+
+def _work(out: Path, point: Point) -> Path:
+    """A point's compressed layers, and their journal where its compression can continue."""
+    return out / f".{point.name}.work"
+
+
+def _point_plan(identity: dict, config: CompressConfig) -> dict:
+    return {"model": identity["model"], "config": config.to_dict(), "dtype": identity["dtype"]}
+
+
+def _shared_plan(identity: dict) -> dict:
+    """The shared Grams depend on the calibration's settings, not on what each point does with them."""
+    plan = {key: identity[key] for key in ("model", "dtype")}
+    plan.update({key: identity["compress"][key] for key in ("calibration", "seed", "layers", "targets")})
+    return plan
+
+
 def _run_points(model_name, points, texts, settings, base, out, dtype, device, log, identity, shared):
     calibration = None
     records, started, ran = [], time.perf_counter(), 0
@@ -182,7 +231,7 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
             records.append(record)
             continue
         point_started = time.perf_counter()
-        work = out / f".{point.name}.work"  # the compressed layers, and their journal where it can continue
+        work = _work(out, point)
         kept = shared / point.floating.name  # the floating-point model, for the quantized factors
         journal, prefix = None, f"[{number}/{len(points)}]"
         try:
@@ -245,8 +294,7 @@ def _journal(model, config: CompressConfig, identity: dict, work: Path, log, pre
     """The journal of a point's compression in ``work``, or None for a plan that cannot continue."""
     if lazy.of(model) is None or not resumable(config):
         return None
-    plan = {"model": identity["model"], "config": config.to_dict(), "dtype": identity["dtype"]}
-    journal = Journal(work, plan)
+    journal = Journal(work, _point_plan(identity, config))
     if journal.summary():
         log(f"{prefix} continuing the stopped point in {work}: {journal.summary()} done")
     return journal
@@ -257,10 +305,7 @@ def _shared_calibration(
 ):
     """The calibration every point shares: ``calibration`` when it serves ``config``, else what a
     stopped sweep left in ``shared`` (a model on disk), else collected now, once for every keep."""
-    on_disk = lazy.of(model) is not None
-    # The shared Grams depend on the calibration's settings, not on what each point does with them.
-    plan = {key: identity[key] for key in ("model", "dtype")}
-    plan.update({key: identity["compress"][key] for key in ("calibration", "seed", "layers", "targets")})
+    on_disk, plan = lazy.of(model) is not None, _shared_plan(identity)
     if calibration is None and on_disk:
         calibration = Journal(shared, plan).calibration()
     if calibration is not None and (calibration.outputs or not config.needs_output_grams):
