@@ -298,8 +298,17 @@ def predict(
     per_layer = model + layer + input_grams + hidden_states
     decomposing = _root_bytes(i) + _svd_bytes(h, i)  # one projection's root of an inter² Gram and SVD
     if config.allocation == "budget":
-        # The embeddings, then the head, one at a time; the dense and the probed log-probabilities.
-        probe = (vocab * h * F32 if on_disk else 0) + probe_tokens * vocab * F32 * 2
+        # The embeddings, then the head, one at a time; the dense log-probabilities whole, the probed
+        # ones a few rows at a time; every layer's recorded output; the probed layer's factors and
+        # their products V·U standing in for its weights (Llama-3.2-1B shape: 3.67 GB measured, 3.0
+        # predicted without these last three, BENCHMARKS.md session 14).
+        probe = (
+            (vocab * h * F32 if on_disk else 0)
+            + probe_tokens * vocab * F32
+            + KL_ROWS * vocab * F32 * LOGIT_COPIES
+            + shapes.layers * probe_tokens * h * F32
+            + 3 * ((h + i) * rank + h * i) * F32
+        )
         memory["allocation"] = per_layer + max(decomposing, probe)
         seconds["allocation"] = compressed * (factorise + 2 * shapes.params * probe_tokens / 2 / speed.f32)
     # A layer's peak: decomposing a projection beside its input Grams, or closed form's two Grams (one
