@@ -92,4 +92,4 @@ def test_with_no_method_a_sweep_runs_the_recipe_and_budgets_compress_uses():
     assert (fast.method, fast.calib_samples, fast.heal_steps) == (("fisher",), 32, 48)
     given = _resolved("--method", "whiten,svd", "--calib-samples", "8", "--heal-steps", "3")
     assert (given.method, given.calib_samples, given.heal_steps) == (("whiten", "svd"), 8, 3)
-    assert _resolved(inter=4864).calib_samples == 64  # a wide MLP gets more windows, as in compress
+    assert _resolved(inter=4864).calib_samples == 128  # a wide MLP gets more windows, as in compress

@@ -133,9 +133,9 @@ def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32, w
         default=samples,
         help=f"calibration windows (default {samples})"
         if samples is not None
-        else "calibration windows (default: as --effort says, 32, more for a wide MLP: enough for "
-        f"{CALIB_TOKENS_PER_WIDTH} tokens per unit of its intermediate width, in multiples of 32; "
-        "Qwen2.5-Coder-0.5B 64, Qwen2.5-Coder-1.5B 128)",
+        else "calibration windows (default: as --effort says, 32, more for a wide MLP: about "
+        f"{CALIB_TOKENS_PER_WIDTH} tokens per unit of its intermediate width, to the nearest multiple of "
+        "32; Qwen2.5-Coder-0.5B 128, Qwen2.5-Coder-1.5B 224)",
     )
     parser.add_argument(
         "--calib-seq-len", type=int, default=512, help="tokens per calibration window (default 512)"
