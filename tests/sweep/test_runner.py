@@ -230,6 +230,16 @@ def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, toke
                 raise KeyboardInterrupt
         return layer(model, spec, index, *args, **kwargs)
 
+    collect = pipeline.collect_calibration
+
+    def stopped_calibrating(model, tokenizer, config, *args, spill, **kwargs):
+        collect(model, tokenizer, config, *args, spill=spill, **kwargs)  # its Grams spilled, not recorded
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "collect_calibration", stopped_calibrating)
+    assert main(argv) == 130
+    assert not (out / ".calibration").exists()  # nothing a rerun could use
+    monkeypatch.setattr(pipeline, "collect_calibration", collect)
     monkeypatch.setattr(factorise, "layer", stopped)
     assert main(argv) == 130
     work = out / f".{recipe}-keep0.5.work"

@@ -36,7 +36,7 @@ import torch
 
 from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.compression import footprint, pipeline
-from svdmlp.compression.journal import Journal, resumable
+from svdmlp.compression.journal import JOURNAL_FILE, Journal, resumable
 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import CompressionReport, count_parameters
 from svdmlp.compression.report import mlp_bytes as report_mlp_bytes
@@ -156,11 +156,15 @@ def run_sweep(
         finished = True
         return records
     finally:
+        if not finished and not (shared / JOURNAL_FILE).is_file():
+            for path in shared.glob("*"):  # Grams of a calibration stopped before it was recorded
+                if path.is_file():
+                    path.unlink()
         if finished or not shared.is_dir() or not any(shared.iterdir()):
             shutil.rmtree(shared, ignore_errors=True)
         else:
             log(
-                f"stopped; the shared calibration is kept in {shared}: run the same command again to continue"
+                f"stopped; the work the points share is kept in {shared}: run the same command again to continue"
             )
 
 
