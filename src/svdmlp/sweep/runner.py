@@ -309,15 +309,15 @@ def _shared_calibration(
 ):
     """The calibration every point shares: ``calibration`` when it serves ``config``, else what a
     stopped sweep left in ``shared`` (a model on disk), else collected now, once for every keep."""
-    on_disk, plan = lazy.of(model) is not None, _shared_plan(identity)
-    if calibration is None and on_disk:
-        calibration = Journal(shared, plan).calibration()
+    journal = Journal(shared, _shared_plan(identity)) if lazy.of(model) is not None else None
+    if calibration is None and journal is not None:
+        calibration = journal.calibration()
     if calibration is not None and (calibration.outputs or not config.needs_output_grams):
         return calibration
     log(f"{prefix} collecting calibration Grams once for every keep")
     calibration = pipeline.collect_calibration(model, tokenizer, config, spill=shared)
-    if on_disk:
-        Journal(shared, plan).calibrated(calibration)
+    if journal is not None:
+        journal.calibrated(calibration)
     return calibration
 
 
