@@ -36,8 +36,6 @@ from svdmlp.plan.cost import floor_seconds, mlp_ideal
 from svdmlp.plan.planner import MLPRanks, mlp_ranks
 from svdmlp.plan.shapes import BUILTIN, PAPER_MODELS, SMALL_MODELS, MLPShape
 
-# At or below this many tokens, launch overhead dominates: time CUDA-graph replays, as a decoder runs.
-GRAPH_MAX_TOKENS = 128
 # Timed work per provider and row: enough repeats that the median is stable, few enough that the
 # whole GPU sweep (72 rows × 3 providers) fits in minutes. CUDA: 10–100 repeats; CPU: 3–25.
 CUDA_TARGET_S, CUDA_REPEATS = 0.05, (10, 100)
@@ -77,7 +75,7 @@ class KernelBenchConfig:
             "keeps": list(self.keeps),
             "dtype": str(self.dtype).removeprefix("torch."),
             "align": self.align,
-            "graph_max_tokens": GRAPH_MAX_TOKENS if self.device.type == "cuda" else None,
+            "graphs": self.device.type == "cuda",
             "compile": self.compile,
             "quick": self.quick,
             "budget_s": self.budget_s,
@@ -197,7 +195,10 @@ def measure_row(
             except Exception as err:  # one provider failing on one shape must not end the sweep
                 errors[name] = _error(err)
                 del providers[name]
-    graph = device.type == "cuda" and m <= GRAPH_MAX_TOKENS
+    # Every row's calls are CUDA-graph replays: the kernels' device time. Eager, the host's launch
+    # overhead set the time of whole rows (the first device run: the fused M = 512 rows ran at the
+    # host's pace, 2-3x their kernels' sum); `bench launches` reports that host time on its own.
+    graph = device.type == "cuda"
     for name, provider in providers.items():
         if name == "dense" and (shape.name, m) in dense_cache:
             times[name] = dense_cache[(shape.name, m)]

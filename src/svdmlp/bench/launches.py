@@ -2,10 +2,13 @@
 
 The first device run's diagnostic (issue 17): for every model and token count, the fused op is checked
 once against a float64 evaluation of the PyTorch reference, then called over rotating weight copies
-(no call finds its weights in L2) with a pair of device events around every launch it makes; each
+(no call finds its weights in L2) with a pair of device events around every launch it makes, each call
+queued behind a spinning kernel so that the events time the device's work and not the host's gaps
+(the first device run, without it, timed 2-13x the predictions on the host's pace); each
 launch's median is set beside :func:`svdmlp.plan.launches.predict_launch` of the very launch that ran
 (its real grid, tiles and operands). The whole call is timed too: the sum of the launches against it
-shows the gaps between them. A first pass over every row reports the compile seconds. Each row is
+shows the gaps between them; and the host's seconds to queue the call, what an eager caller pays
+when its kernels are shorter. A first pass over every row reports the compile seconds. Each row is
 handed to ``emit`` as soon as it exists, so that a run cut short keeps what it measured.
 
 On a CPU (the dry run, under ``TRITON_INTERPRET=1``) the same plumbing runs with wall-clock timers.
@@ -24,6 +27,7 @@ import torch
 
 from svdmlp.backends import torch_ref
 from svdmlp.bench.environment import cache_bytes
+from svdmlp.bench.timing import hold_stream
 from svdmlp.bench.workloads import compare, random_lowrank, weight_sets
 from svdmlp.plan.hardware import Hardware
 from svdmlp.plan.launches import predict_launch
@@ -74,6 +78,12 @@ class _Clock:
 
     def seconds(self, start, end) -> float:
         return start.elapsed_time(end) / 1e3 if self.cuda else end - start
+
+    def hold(self) -> None:
+        """On CUDA, keep the device busy while the host queues the next call (see
+        :func:`svdmlp.bench.timing.hold_stream`): its events then time the kernels, not the host."""
+        if self.cuda:
+            hold_stream()
 
     def sync(self) -> None:
         if self.cuda:
@@ -143,13 +153,16 @@ def measure_row(config: LaunchBenchConfig, shape: MLPShape, m: int, op: Callable
     for _ in range(WARMUP if cuda else 1):
         for weights in sets:
             _call(op, x, weights)
-    whole = []
+    whole, host = [], []
     with _timed_launches(clock) as records:
         for _ in range(config.repeats):
             for weights in sets:
+                clock.hold()
+                started = time.perf_counter()
                 start = clock.mark()
                 _call(op, x, weights)
                 whole.append((start, clock.mark()))
+                host.append(time.perf_counter() - started)
     clock.sync()
     per_call = len(records) // (config.repeats * len(sets))
     launches = []
@@ -177,6 +190,7 @@ def measure_row(config: LaunchBenchConfig, shape: MLPShape, m: int, op: Callable
         "check": check,
         "launches": launches,
         "whole_s": statistics.median(clock.seconds(start, end) for start, end in whole),
+        "host_s": statistics.median(host),
         "launches_sum_s": sum(launch["measured_s"] for launch in launches),
         "predicted_sum_s": sum(launch["predicted_s"] for launch in launches),
     }
@@ -226,7 +240,8 @@ def format_row(row: dict) -> str:
     ok = "ok" if row["check"]["ok"] else f"CHECK FAILED (rel {row['check']['rel_err']:.2e})"
     lines = [
         f"{row['model']} M={row['m']}: {ok}; whole call {row['whole_s'] * 1e6:.1f} µs, launches "
-        f"{row['launches_sum_s'] * 1e6:.1f} µs measured / {row['predicted_sum_s'] * 1e6:.1f} µs predicted"
+        f"{row['launches_sum_s'] * 1e6:.1f} µs measured / {row['predicted_sum_s'] * 1e6:.1f} µs predicted; "
+        f"host {row['host_s'] * 1e6:.1f} µs to queue it"
     ]
     for launch in row["launches"]:
         lines.append(
