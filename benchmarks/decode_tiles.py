@@ -10,6 +10,7 @@ overflow L2; every time is set against the launch's own HBM floor, and the vendo
 same shapes is beside the two plain matmuls. Each result is appended to ``--jsonl`` as it is measured.
 
     python benchmarks/decode_tiles.py --jsonl OUT/tiles.jsonl          # on a CUDA device
+    python benchmarks/decode_tiles.py --chain                          # the whole op, PDL off and on
     TRITON_INTERPRET=1 python benchmarks/decode_tiles.py --dry-run     # the plumbing, on a CPU
 """
 
@@ -19,6 +20,7 @@ import argparse
 import contextlib
 import functools
 import json
+import os
 import time
 from unittest import mock
 
@@ -153,6 +155,38 @@ def launches(m, sets, dtype, device):
     }
 
 
+def chain(shape, sets, m, dtype, device, bandwidth, repeats, cuda) -> dict:
+    """The whole fused decode op with programmatic dependent launch off and on (``SVDMLP_PDL``),
+    each checked against float64 and timed as graph replays, against the factors' HBM floor."""
+    from svdmlp.backends import torch_ref
+    from svdmlp.bench.workloads import compare
+    from svdmlp.kernels import lowrank_gated_mlp
+
+    x = torch.randn(m, shape.hidden, device=device, dtype=dtype)
+    reference = torch_ref.lowrank_gated_mlp(x.double(), *(f.double() for f in sets[0].factors), "silu")
+    floor_us = sets[0].nbytes / bandwidth * 1e6
+    record = {"model": shape.name, "m": m, "launch": "chain", "floor_us": floor_us}
+    for pdl in ("0", "1"):
+        os.environ["SVDMLP_PDL"] = pdl
+        try:
+            check = compare(lowrank_gated_mlp(x, *sets[0].factors, "silu"), reference.to(dtype))
+            us = seconds(lambda: [lowrank_gated_mlp(x, *w.factors, "silu") for w in sets], cuda, repeats)
+            record[f"pdl{pdl}"] = {"us": us / len(sets) * 1e6, "check": check}
+        except Exception as err:  # a failure with PDL on is the finding this section looks for
+            record[f"pdl{pdl}"] = {"error": f"{type(err).__name__}: {err}"[:300]}
+    os.environ.pop("SVDMLP_PDL")
+    print(
+        f"{shape.name} M={m} chain: floor {floor_us:.1f} µs; "
+        + "; ".join(
+            f"PDL {pdl}: "
+            + (_percent(r["us"], floor_us) + f", check {r['check']['ok']}" if "us" in r else r["error"])
+            for pdl, r in ((p, record[f"pdl{p}"]) for p in ("0", "1"))
+        ),
+        flush=True,
+    )
+    return record
+
+
 def _percent(us: float | None, floor_us: float) -> str:
     return f"{us:.1f} µs ({floor_us / us:.0%} of floor)" if us else "failed"
 
@@ -164,6 +198,11 @@ def main() -> int:
     parser.add_argument("--keep", type=float, default=0.8)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--jsonl", default=None)
+    parser.add_argument(
+        "--chain",
+        action="store_true",
+        help="only the whole decode op, programmatic dependent launch off and on",
+    )
     parser.add_argument("--dry-run", action="store_true", help="a tiny shape on the CPU (TRITON_INTERPRET=1)")
     args = parser.parse_args()
 
@@ -190,6 +229,12 @@ def main() -> int:
         make = functools.partial(random_lowrank, shape.hidden, shape.intermediate, ranks, dtype, device)
         sets = weight_sets(make, cache_bytes(device)) if cuda else [make()]
         for m in (int(t) for t in args.tokens.split(",")):
+            if args.chain:
+                record = chain(shape, sets, m, dtype, device, bandwidth, args.repeats, cuda)
+                if sink:
+                    sink.write(json.dumps(record) + "\n")
+                    sink.flush()
+                continue
             for name, (planned, vendor, nbytes, check) in launches(m, sets, dtype, device).items():
                 floor = nbytes / bandwidth
                 variants = [None] + (expand_variants if name.startswith("gated") else matmul_variants)

@@ -3,6 +3,7 @@ runs and every file they promise is written."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,3 +46,26 @@ def test_the_full_device_sweep_dry_runs(model_dir, tmp_path):
     ):
         assert name in names, name
     assert (tmp_path / "out" / "kernel-bench.txt").stat().st_size > 0
+
+
+def test_the_decode_tile_sweep_dry_runs(tmp_path):
+    """benchmarks/decode_tiles.py, both modes: every launch and variant timed and checked, one record each."""
+    environment = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
+    for mode in ([], ["--chain"]):
+        out = tmp_path / f"tiles{len(mode)}.jsonl"
+        result = subprocess.run(
+            [sys.executable, "benchmarks/decode_tiles.py", "--dry-run", "--jsonl", str(out), *mode],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        if mode:
+            assert [r["m"] for r in records] == [1, 16]
+            assert all(r[f"pdl{p}"]["check"]["ok"] for r in records for p in "01")
+        else:
+            assert [r["launch"] for r in records] == ["shrink", "gated_expand+down", "down_expand"] * 2
+            assert all(v["error"] is None for r in records for v in r["variants"])

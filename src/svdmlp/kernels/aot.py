@@ -38,7 +38,7 @@ from svdmlp.kernels.configs import DECODE_MAX_TOKENS
 from svdmlp.kernels.lowrank_linear import lowrank_linear
 
 H200 = dict(capability=90, sms=132, max_shared=227 * 1024)
-LAUNCH_OPTIONS = ("num_warps", "num_stages")
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "launch_pdl")
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def compile_launch(launch: Launch, capability: int) -> Compiled:
         elif spec == "D":
             attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(fn=launch.kernel, signature=signature, constexprs=constants, attrs=attrs)
-    options = {key: constexprs[key] for key in LAUNCH_OPTIONS}
+    options = {key: constexprs[key] for key in LAUNCH_OPTIONS if key in constexprs}
     binary = triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
     registers, spills = _resource_usage(binary.asm["cubin"])
     return Compiled(launch, registers, spills, binary.metadata.shared)

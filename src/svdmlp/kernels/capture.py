@@ -87,7 +87,7 @@ class Launch:
 @contextlib.contextmanager
 def captured_launches(sms: int) -> Iterator[list[Launch]]:
     """Within this context the public ops record their launches, with the tiles of a GPU of ``sms``
-    SMs, instead of running them."""
+    SMs that has programmatic dependent launch (sm_90), instead of running them."""
     launches: list[Launch] = []
 
     def recorder(kernel):
@@ -104,6 +104,7 @@ def captured_launches(sms: int) -> Iterator[list[Launch]]:
         for kernel in KERNELS:
             stack.enter_context(mock.patch.object(kernel, "run", recorder(kernel)))
         stack.enter_context(mock.patch.object(configs, "sm_count", lambda device: sms))
+        stack.enter_context(mock.patch.object(configs, "programmatic_launch", lambda device, interpreted: True))
         stack.enter_context(mock.patch.object(common, "library_matmul", library))
         for name in _LAUNCHERS:
             module = f"svdmlp.kernels.{name}"

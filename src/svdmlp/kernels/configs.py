@@ -17,13 +17,15 @@ the number of programs times loop iterations, so the blocks are large, but not s
 test shapes (in/out ≤ 256) would take each loop only once: then the loop advances go untested.
 
 The register and shared-memory figures quoted below come from compiling each config for sm_90 on
-a CPU (``python -m svdmlp.kernels.aot``); none of the speeds has been measured on a GPU yet.
+a CPU (``python -m svdmlp.kernels.aot``); the 16-bit decode tiles were chosen by measurement on an
+H200, the rest by the model (BENCHMARKS.md, 2026-12-04).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +116,21 @@ def sm_count(device: torch.device) -> int:
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def programmatic_launch(device: torch.device, interpreted: bool) -> bool:
+    """Whether the decode chain's launches use programmatic dependent launch (sm_90 and newer): each
+    kernel lets the next one start launching at once and waits for its predecessor's writes before
+    touching memory, so a launch's start overlaps the previous kernel's tail. ``SVDMLP_PDL=0`` turns
+    it off (a driver or graph capture that mishandles it)."""
+    if interpreted or device.type != "cuda" or os.environ.get("SVDMLP_PDL", "1") == "0":
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+
+
 def streaming_stages(weight_stage_bytes: int, smem_stage_bytes: int, most: int = 12) -> int:
     """Pipeline depth that keeps DECODE_BYTES_IN_FLIGHT of weights in flight while one stage computes
     (``stages - 1`` loads ahead), within the shared-memory budget."""
@@ -136,6 +153,13 @@ def matmul_tiles(m: int, n: int, k: int, dtype: torch.dtype, sms: int, interpret
             pow2_clamp(m, 16, INTERPRET_BLOCK), pow2_clamp(n, 16, INTERPRET_BLOCK), INTERPRET_BLOCK
         )
     size = dtype.itemsize
+    if m <= DECODE_MAX_TOKENS and size == 2:
+        # Weight streaming, 16-bit, as measured on an H200 (benchmarks/decode_tiles.py, BENCHMARKS.md
+        # 2026-12-04): of ten layouts, 32-wide column slabs with 128-deep K steps and 6 stages (40 KB
+        # in flight per program) were fastest or within 10% of it on every decode shrink and down
+        # expand of three models, 1.1-1.4x faster than the full wave of 16-wide slabs the rule below
+        # gives, though the 1B shrink then runs 80 programs on 132 SMs.
+        return MatmulTiles(16, 32, 128, group_m=1, num_warps=4, num_stages=6)
     if m <= DECODE_MAX_TOKENS:
         # Weight streaming: one M tile; output columns split so that every SM streams a share.
         # Tiles stay small because mma with a 16-row tile holds its operands in registers (sm_90
@@ -157,6 +181,28 @@ def matmul_tiles(m: int, n: int, k: int, dtype: torch.dtype, sms: int, interpret
     return MatmulTiles(block_m, block_n, 64, num_warps=warps, num_stages=3)
 
 
+def _full_wave_expand_tiles(n: int, size: int, sms: int) -> GatedExpandTiles:
+    """The decode gated expand's tiles by the bytes-in-flight model (fp32, and the quantized kernel's
+    starting point; 16-bit float tiles are measured ones, see :func:`gated_expand_tiles`).
+
+    Every program reads an (r × block_n) slice of V_g and V_u and a (block_n × r_down) slice of
+    U_down once, so the n split alone spreads all three weight streams over the SMs; wider blocks mean
+    fewer fp32 atomics into the down strip (m · r_down per program). The down loop's slices are small
+    (block_n × block_rd), so it gets a pipeline of its own, deep enough for the same bytes in flight;
+    down-rank steps of 64 at block_n 32 (32 at 64) bound the registers.
+    """
+    block_n = _narrow_block(n, sms, (64, 32))
+    block_r = 128 if size == 2 else 64
+    block_rd = 32 if block_n == 64 else 64
+    weight_stage = 2 * block_r * block_n * size  # gate and up slices, one merged loop
+    stages = streaming_stages(weight_stage, weight_stage + 2 * 16 * block_r * size, most=4)
+    down_stage = block_n * block_rd * size
+    down_stages = streaming_stages(down_stage, down_stage)
+    return GatedExpandTiles(
+        16, block_n, block_r, block_rd, group_m=1, num_warps=4, num_stages=stages, down_stages=down_stages
+    )
+
+
 def gated_expand_tiles(
     m: int, n: int, dtype: torch.dtype, sms: int, interpreted: bool, decode: bool
 ) -> GatedExpandTiles:
@@ -169,22 +215,16 @@ def gated_expand_tiles(
             INTERPRET_RANK_BLOCK,
         )
     size = dtype.itemsize
+    if decode and size == 2:
+        # 16-bit, as measured on an H200 (benchmarks/decode_tiles.py, BENCHMARKS.md 2026-12-04): wide
+        # column blocks at 8 warps beat the narrow full-wave rule below by 1.1-1.3x: fewer programs
+        # mean fewer atomics into the down strip and more bytes in flight each. 64 wide while that is
+        # at most one program per SM, else 128 (the 8B shape's 14336 columns: 112 programs).
+        if triton.cdiv(n, 64) <= sms:
+            return GatedExpandTiles(16, 64, 128, 64, group_m=1, num_warps=8, num_stages=3, down_stages=6)
+        return GatedExpandTiles(16, 128, 64, 64, group_m=1, num_warps=8, num_stages=3, down_stages=4)
     if decode:
-        # Every program reads an (r × block_n) slice of V_g and V_u and a (block_n × r_down) slice of
-        # U_down once, so the n split alone spreads all three weight streams over the SMs; wider
-        # blocks mean fewer fp32 atomics into the down strip (m · r_down per program). The down loop's
-        # slices are small (block_n × block_rd), so it gets a pipeline of its own, deep enough for
-        # the same bytes in flight; down-rank steps of 64 at block_n 32 (32 at 64) bound the registers.
-        block_n = _narrow_block(n, sms, (64, 32))
-        block_r = 128 if size == 2 else 64
-        block_rd = 32 if block_n == 64 else 64
-        weight_stage = 2 * block_r * block_n * size  # gate and up slices, one merged loop
-        stages = streaming_stages(weight_stage, weight_stage + 2 * 16 * block_r * size, most=4)
-        down_stage = block_n * block_rd * size
-        down_stages = streaming_stages(down_stage, down_stage)
-        return GatedExpandTiles(
-            16, block_n, block_r, block_rd, group_m=1, num_warps=4, num_stages=stages, down_stages=down_stages
-        )
+        return _full_wave_expand_tiles(n, size, sms)
     if size == 4:
         return GatedExpandTiles(
             pow2_clamp(m, 16, 64), pow2_clamp(n, 16, 64), 32, 32, num_warps=4, num_stages=2
@@ -207,14 +247,14 @@ def gated_expand_tiles(
 def quantized_gated_expand_tiles(
     m: int, n: int, dtype: torch.dtype, bits: int, sms: int, interpreted: bool
 ) -> GatedExpandTiles:
-    """Tiles of the decode gated expand on ``bits``-bit factors: the float decode's with half its rank
-    step, since the dequantized V_g and V_u tiles are held in registers (the float kernel's go to
+    """Tiles of the decode gated expand on ``bits``-bit factors: the full-wave decode tiles with half
+    their rank step, since the dequantized V_g and V_u tiles are held in registers (the float kernel's go to
     shared memory by asynchronous copies and stay there), and pipelines as deep as the smaller integer
     stages need for the same bytes in flight. sm_90 compiles, 16-bit, ranks a multiple of 32 (rows of
     whole vectors): 66-119 registers; rank 1911 (byte loads): 226-254, no spills."""
-    tiles = gated_expand_tiles(m, n, dtype, sms, interpreted, decode=True)
     if interpreted:
-        return tiles
+        return gated_expand_tiles(m, n, dtype, sms, interpreted, decode=True)
+    tiles = _full_wave_expand_tiles(n, dtype.itemsize, sms)
     block_r = tiles.block_r // 2
     down_stage = tiles.block_n * tiles.block_rd * bits // 8
     down_stages = streaming_stages(down_stage, down_stage)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from svdmlp.kernels import configs
 from svdmlp.kernels.common import activate_f32, dot_f32, dot_precision, grouped_tile, is_interpreted
@@ -131,6 +132,7 @@ def _gated_expand_kernel(
     FUSE_DOWN_SHRINK: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
+    GDC: tl.constexpr,
 ):
     """One (BLOCK_M × BLOCK_N) tile of ``h = act(strip[:, :R_GATE]·V_g) · (strip[:, R_GATE:]·V_u)``.
 
@@ -143,7 +145,11 @@ def _gated_expand_kernel(
     a split-K over the intermediate dimension that reads U_down exactly once, spread over the same
     programs that stream V_g and V_u, and keeps ``h`` on chip. Atomics cost M·R_DOWN per program,
     negligible next to the weight bytes for M ≤ 16 (their order makes the last bits vary run to run).
+    GDC: as in :func:`svdmlp.kernels.matmul._matmul_kernel`.
     """
+    if GDC:
+        gdc_launch_dependents()
+        gdc_wait()
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -236,11 +242,13 @@ def gated_expand(
     hidden: torch.Tensor | None = None,
     down_u_t: torch.Tensor | None = None,
     down_strip: torch.Tensor | None = None,
+    dependent: bool = False,
 ) -> None:
     """Either store ``h`` into ``hidden (M, inter)``, or add ``h @ down_u_t`` into ``down_strip (M, r_down)``.
 
     ``strip`` is (M, r_gate + r_up) in the factor dtype; ``down_strip`` is fp32 and must hold zeros.
-    Shapes are the caller's responsibility (the public op validates them).
+    Shapes are the caller's responsibility (the public op validates them). ``dependent``: as in
+    :func:`svdmlp.kernels.matmul.matmul`.
     """
     fuse_down = down_strip is not None
     if fuse_down == (hidden is not None) or fuse_down != (down_u_t is not None):
@@ -249,6 +257,7 @@ def gated_expand(
     r_gate, n = gate_v_t.shape
     r_up = up_v_t.shape[0]
     interpreted = is_interpreted(_gated_expand_kernel)
+    gdc = configs.programmatic_launch(strip.device, interpreted)
     tiles = configs.gated_expand_tiles(
         m, n, gate_v_t.dtype, configs.sm_count(strip.device), interpreted, fuse_down
     )
@@ -292,6 +301,8 @@ def gated_expand(
         FUSE_DOWN_SHRINK=fuse_down,
         UPCAST_DOT=interpreted,
         PRECISION=dot_precision(gate_v_t.dtype),
+        GDC=gdc,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        launch_pdl=gdc and dependent,
     )

@@ -79,6 +79,8 @@ def lowrank_gated_mlp(
       2. gated expand ``h = act(t_g·V_g)·(t_u·V_u)`` per column block of ``inter``, immediately
          shrunk by U_down and summed into the down strip with fp32 atomics (split-K over ``inter``);
       3. down expand ``y = t_d·V_down``.
+      On sm_90 and newer, launches 2 and 3 are programmatic dependent launches: each starts while its
+      predecessor drains and waits for its writes (:func:`svdmlp.kernels.configs.programmatic_launch`).
     - above decode, 3 or 4 launches: the shrink as a library GEMM (cuBLAS: nothing to fuse into it),
       the gated expand storing ``h`` (M × inter, x's dtype; the activation·mul stays its epilogue),
       then the down projection as :func:`lowrank_linear` (one fused launch when the down rank fits
@@ -107,8 +109,10 @@ def lowrank_gated_mlp(
         if schedule == "decode":
             down_strip = common.new_empty((m, r_down), torch.float32, x.device)
             matmul(x2d, gate_up_u_t, strip, zero=down_strip)
-            gated_expand(strip, gate_v_t, up_v_t, activation, down_u_t=down_u_t, down_strip=down_strip)
-            matmul(down_strip, down_v_t, out)
+            gated_expand(
+                strip, gate_v_t, up_v_t, activation, down_u_t=down_u_t, down_strip=down_strip, dependent=True
+            )
+            matmul(down_strip, down_v_t, out, dependent=True)
         else:
             plain_gemm(x2d, gate_up_u_t, strip)
             hidden = common.new_empty((m, inter), x.dtype, x.device)

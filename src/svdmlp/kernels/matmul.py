@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from svdmlp.kernels import common, configs
 from svdmlp.kernels.common import dot_f32, dot_precision, gemm_tile, is_interpreted, zero_block, zero_share
@@ -33,6 +34,7 @@ def _matmul_kernel(
     ZERO_BLOCK: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
+    GDC: tl.constexpr,
 ):
     """``c = a @ b`` with fp32 accumulation; ``a`` is cast to ``b``'s dtype before each dot.
 
@@ -44,7 +46,12 @@ def _matmul_kernel(
     rounded to the factor dtype like torch's intermediate, so that 16-bit dots use tensor cores.
 
     When ZERO_BLOCK > 0, each program also zeroes ZERO_BLOCK elements of ``zero_ptr`` (:func:`zero_share`).
+    With GDC (programmatic dependent launch, :func:`svdmlp.kernels.configs.programmatic_launch`) the
+    next launch may start at once, and this one waits for its predecessor before touching memory.
     """
+    if GDC:
+        gdc_launch_dependents()
+        gdc_wait()
     rows, cols, ks, row_in, col_in, a_ptrs = gemm_tile(
         a_ptr, M, N, stride_am, stride_ak, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M
     )
@@ -65,16 +72,22 @@ def _matmul_kernel(
 
 
 def matmul(
-    a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, zero: torch.Tensor | None = None
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    zero: torch.Tensor | None = None,
+    dependent: bool = False,
 ) -> torch.Tensor:
     """``out[:] = a @ b`` for 2-D tensors of any strides; optionally zero ``zero`` (contiguous) on the way.
 
     ``a`` is (M, K) in ``b``'s dtype or fp32; ``b`` is (K, N); ``out`` is (M, N). Shapes are the
-    caller's responsibility (the public ops validate them).
+    caller's responsibility (the public ops validate them). ``dependent``: launched as the next link
+    of a chain of svdmlp kernels (programmatic dependent launch where the GPU has it).
     """
     m, k = a.shape
     n = b.shape[1]
     interpreted = is_interpreted(_matmul_kernel)
+    gdc = configs.programmatic_launch(b.device, interpreted)
     tiles = configs.matmul_tiles(m, n, k, b.dtype, configs.sm_count(b.device), interpreted)
     programs = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
     _matmul_kernel[(programs,)](
@@ -99,8 +112,10 @@ def matmul(
         ZERO_BLOCK=zero_block(zero, programs),
         UPCAST_DOT=interpreted,
         PRECISION=dot_precision(b.dtype),
+        GDC=gdc,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        launch_pdl=gdc and dependent,
     )
     return out
 

@@ -38,14 +38,21 @@ LATENCY_S = 1e-6
 # What the rules ask of every weight-streaming loop at M <= IN_FLIGHT_MAX_TOKENS.
 IN_FLIGHT_RULE_BYTES = 32 * 1024
 IN_FLIGHT_MAX_TOKENS = 256
-# Fixed cost of one launch inside a CUDA graph: launch, ramp-up and the drain of the previous kernel
-# (the GPU review's estimate of 4-6 µs for the decode chain's three boundaries).
-LAUNCH_S = 1.5e-6
+# Fixed cost of one launch inside a CUDA graph: launch, ramp-up and the drain of the previous kernel.
+# Measured on an H200 (BENCHMARKS.md, 2026-12-04): cuBLAS's decode GEMVs of 10.5, 17 and 42 MB took
+# 6.2, 8.6 and 17.4 µs as single-launch graphs, a line with a 2.5 µs intercept (the GPU review had
+# guessed 1.5 µs).
+LAUNCH_S = 2.5e-6
 # Warps one SM holds at once (Ampere and Hopper).
 MAX_WARPS_PER_SM = 64
 # Share of the measured matrix peak (cuBLAS's) that a Triton kernel of plain pointer loads reaches:
 # no TMA, no warp specialisation (an assumption until measured).
 TRITON_MMA_EFFICIENCY = 0.7
+# 16-bit decode tiles were chosen by timing ten layouts per launch on an H200 (BENCHMARKS.md,
+# 2026-12-04): wider blocks with more bytes in flight each beat a full wave of narrow ones, so a decode
+# launch may run fewer programs than SMs (DECODE_MAX_TOKENS in the kernel configs, not imported: Triton).
+MEASURED_DECODE_MAX_TOKENS = 16
+MEASURED_DECODE_REASON = "16-bit decode tiles, measured faster than a full wave of narrower ones"
 # The narrowest tile of a tensor-core dot: a launch with fewer than one wave of programs is fine only
 # when even tiles this small could not fill the SMs.
 NARROWEST_TILE = 16
@@ -189,13 +196,16 @@ def _finish(
     )
 
 
-def _small_reason(hw: Hardware, programs: int, rows: int, cols: int) -> str | None:
-    """Why fewer programs than SMs is fine: even the narrowest tiles would not make a wave."""
+def _small_reason(hw: Hardware, programs: int, rows: int, cols: int, itemsize: int) -> str | None:
+    """Why fewer programs than SMs is fine: even the narrowest tiles would not make a wave, or the
+    16-bit decode tiles, which were chosen by measurement (fewer programs, more bytes in flight each)."""
     if programs >= hw.units:
         return None
     most = ceil_div(rows, NARROWEST_TILE) * ceil_div(cols, NARROWEST_TILE)
     if most < hw.units:
         return f"{rows}x{cols} output: at most {most} tiles of {NARROWEST_TILE}x{NARROWEST_TILE}"
+    if rows <= MEASURED_DECODE_MAX_TOKENS and itemsize == 2:
+        return MEASURED_DECODE_REASON
     return None
 
 
@@ -213,7 +223,7 @@ def _matmul(hw: Hardware, launch, a: dict) -> LaunchPrediction:
     flops = 2 * bm * bn * ceil_div(k, bk) * bk
     tiles = f"{bm}x{bn}x{bk}/{stages}"
     return _finish(
-        hw, "matmul", tiles, where, loops, m * n * sc, flops, 0, _small_reason(hw, launch.programs, m, n)
+        hw, "matmul", tiles, where, loops, m * n * sc, flops, 0, _small_reason(hw, launch.programs, m, n, sb)
     )
 
 
@@ -245,7 +255,7 @@ def _gated_expand(hw: Hardware, launch, a: dict) -> LaunchPrediction:
         flops += 2 * bm * bn * ceil_div(r_down, brd) * brd
         atomics, stored = launch.programs * min(m, bm) * r_down, 0
     tiles = f"{bm}x{bn}, r {br}/{stages}" + (f", rd {brd}/{a['DOWN_STAGES']}" if fused else "")
-    reason = _small_reason(hw, launch.programs, m, n)
+    reason = _small_reason(hw, launch.programs, m, n, s)
     return _finish(
         hw, "gated_expand" + ("+down" if fused else ""), tiles, where, loops, stored, flops, atomics, reason
     )
