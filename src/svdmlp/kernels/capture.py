@@ -104,7 +104,9 @@ def captured_launches(sms: int) -> Iterator[list[Launch]]:
         for kernel in KERNELS:
             stack.enter_context(mock.patch.object(kernel, "run", recorder(kernel)))
         stack.enter_context(mock.patch.object(configs, "sm_count", lambda device: sms))
-        stack.enter_context(mock.patch.object(configs, "programmatic_launch", lambda device, interpreted: True))
+        stack.enter_context(
+            mock.patch.object(configs, "programmatic_launch", lambda device, interpreted: True)
+        )
         stack.enter_context(mock.patch.object(common, "library_matmul", library))
         for name in _LAUNCHERS:
             module = f"svdmlp.kernels.{name}"
