@@ -27,8 +27,8 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
+from svdmlp.bench.ceilings import measure_ceilings
 from svdmlp.bench.environment import cache_bytes
-from svdmlp.bench.timing import cuda_median, measure_ceilings
 from svdmlp.bench.workloads import random_lowrank, weight_sets
 from svdmlp.cuda_graphs import capture_graph
 from svdmlp.kernels import configs
@@ -37,6 +37,7 @@ from svdmlp.kernels.gated_expand import gated_expand
 from svdmlp.kernels.matmul import matmul
 from svdmlp.plan.planner import mlp_ranks
 from svdmlp.plan.shapes import BUILTIN
+from svdmlp.timing import cuda_median
 
 # (block_n, block_k, stages, warps) of the weight-streaming matmul; block_m is 16 (one M tile).
 MATMUL_VARIANTS = [

@@ -13,32 +13,45 @@ def fresh(monkeypatch):
     monkeypatch.setattr(choice, "_CHOICES", {})
     measured = []
 
-    def fake_median(run):
-        measured.append(run)
+    def fake_seconds(run, device_time):
+        measured.append((run, device_time))
         return run()
 
-    monkeypatch.setattr(choice, "_median_seconds", fake_median)
+    monkeypatch.setattr(choice, "_seconds", fake_seconds)
     return measured
 
 
 def test_the_faster_path_is_chosen_once_per_key(fresh):
     paths = {"fused": lambda: 2.0, "unfused": lambda: 1.0}
-    assert choice.choose(("k",), paths) == "unfused"
-    assert choice.choose(("k",), paths) == "unfused"
+    assert choice.choose(("k",), paths, device_time=True) == "unfused"
+    assert choice.choose(("k",), paths, device_time=True) == "unfused"
     assert len(fresh) == 2  # both measured once, then the cached choice
     assert choice.choices() == {("k",): "unfused"}
-    assert choice.choose(("other",), {"fused": lambda: 1.0, "unfused": lambda: 3.0}) == "fused"
+    assert (
+        choice.choose(("other",), {"fused": lambda: 1.0, "unfused": lambda: 3.0}, device_time=False)
+        == "fused"
+    )
+    assert [device_time for _, device_time in fresh] == [True, True, False, False]
 
 
 def test_inside_a_graph_capture_the_default_runs_and_nothing_is_decided(fresh, monkeypatch):
     monkeypatch.setattr(choice, "_capturing", lambda: True)
-    assert choice.choose(("k",), {"fused": lambda: 2.0, "unfused": lambda: 1.0}) == "fused"
+    assert choice.choose(("k",), {"fused": lambda: 2.0, "unfused": lambda: 1.0}, device_time=True) == "fused"
     assert fresh == [] and choice.choices() == {}
 
 
 @pytest.mark.parametrize(("tokens", "expected"), [(1, 16), (16, 16), (17, 32), (128, 128), (129, 256)])
 def test_token_buckets(tokens, expected):
     assert choice.bucket(tokens) == expected
+
+
+@pytest.mark.parametrize(
+    ("leading", "graphed"), [((1,), True), ((4, 4), True), ((17,), False), ((2, 512), False)]
+)
+def test_decode_calls_are_chosen_by_device_time_and_larger_ones_by_the_eager_callers(leading, graphed):
+    """Decode calls are replayed from graphs (the host's queueing paid once); larger ones run eagerly.
+    Timed eagerly at decode, the first device run chose the unfused chain on the host's pace."""
+    assert choice._graphed(torch.ones(*leading, 8)) is graphed
 
 
 def test_off_cuda_the_fused_kernels_run_unmeasured(fresh, monkeypatch):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from svdmlp.backends import torch_ref
+from svdmlp.bench.ceilings import Ceilings
 from svdmlp.bench.kernel import (
     PROVIDERS,
     QUANTIZED,
@@ -14,7 +15,6 @@ from svdmlp.bench.kernel import (
     measure_row,
     summarize,
 )
-from svdmlp.bench.timing import Ceilings
 from svdmlp.bench.workloads import compare, random_dense, weight_sets
 from svdmlp.int_weights import QuantizedMatrix
 from svdmlp.plan.shapes import MLPShape

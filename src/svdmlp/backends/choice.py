@@ -3,7 +3,8 @@
 The launch model (``svdmlp plan --launches``) predicts where fusion wins, but only a measurement on the
 device settles it. On the first call of a (device, dtype, factor shapes, activation, token bucket) on
 CUDA outside a graph capture, both paths run a few times and the faster is kept for the process, so that
-no shape runs slower than the unfused chain (cuBLAS GEMMs). Token counts share a bucket: decode
+no shape runs slower than the unfused chain (cuBLAS GEMMs): at decode by the device's time (those calls
+are replayed from graphs), above by the eager caller's (:func:`_graphed`). Token counts share a bucket: decode
 (M ≤ 16), then each power of two. The engine's warm-up runs before it captures a graph, so the choice
 is made by then; a first call inside a capture runs the fused path without deciding. Off CUDA (the
 interpreter in the tests) the fused path always runs. Quantized factors have a fused path at decode
@@ -12,12 +13,12 @@ sizes only (the gated MLP's); elsewhere they take the unfused chain, each factor
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 import torch
 
 from svdmlp.backends import torch_ref
+from svdmlp.timing import cuda_median
 
 WARMUP, REPEATS = 2, 5
 _CHOICES: dict[tuple, str] = {}
@@ -35,30 +36,23 @@ def choices() -> dict[tuple, str]:
     return dict(_CHOICES)
 
 
-def _median_seconds(run: Callable[[], object]) -> float:
-    for _ in range(WARMUP):
-        run()
-    times = []
-    for _ in range(REPEATS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
+def _seconds(run: Callable[[], object], device_time: bool) -> float:
+    """Median seconds of ``run``: the device's time (the stream held while the host queues it) or
+    the eager caller's, the host's pace included."""
+    return cuda_median(run, REPEATS, WARMUP, hold=device_time)
 
 
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def choose(key: tuple, paths: dict[str, Callable[[], torch.Tensor]]) -> str:
-    """The name of the faster of ``paths`` (the first is the default), measured once per key."""
+def choose(key: tuple, paths: dict[str, Callable[[], torch.Tensor]], device_time: bool) -> str:
+    """The name of the faster of ``paths`` (the first is the default), measured once per key, by the
+    device's time or by the eager caller's (see :func:`_seconds`)."""
     if key not in _CHOICES:
         if _capturing():
             return next(iter(paths))
-        times = {name: _median_seconds(run) for name, run in paths.items()}
+        times = {name: _seconds(run, device_time) for name, run in paths.items()}
         _CHOICES[key] = min(times, key=times.get)
     return _CHOICES[key]
 
@@ -101,7 +95,17 @@ def lowrank_gated_mlp(x, gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t, acti
         "fused": lambda: fused(x, *factors, activation),
         "unfused": lambda: torch_ref.lowrank_gated_mlp(x, *factors, activation),
     }
-    return paths[choose(key, paths)]()
+    return paths[choose(key, paths, _graphed(x))]()
+
+
+def _graphed(x: torch.Tensor) -> bool:
+    """Whether a call of ``x``'s size is timed by the device alone: decode calls are replayed from CUDA
+    graphs (the engine captures its decode step), where the host's time to queue them is paid once;
+    larger calls (prefill) run eagerly, where a path the host queues slowly is slower whatever its
+    kernels take (the first device run: 0.3-0.5 ms to queue the fused MLP, 3 launches; the unfused
+    chain queues faster). Timed eagerly at decode, the fused path lost to the unfused one on the host's
+    pace and the engine then replayed the slower chain."""
+    return bucket(_tokens(x)) == bucket(1)
 
 
 def lowrank_linear(x, u_t, v_t):
@@ -119,4 +123,4 @@ def lowrank_linear(x, u_t, v_t):
         "fused": lambda: kernels.lowrank_linear(x, u_t, v_t),
         "unfused": lambda: torch_ref.lowrank_linear(x, u_t, v_t),
     }
-    return paths[choose(key, paths)]()
+    return paths[choose(key, paths, _graphed(x))]()

@@ -24,8 +24,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from svdmlp import arch, lowrank, models
 from svdmlp.bench import energy
+from svdmlp.bench.ceilings import measure_ceilings
 from svdmlp.bench.kernel import CPU_CEILING_SIZES, CUDA_CEILING_SIZES
-from svdmlp.bench.timing import measure_ceilings
 from svdmlp.compression.decompose import Factors
 from svdmlp.compression.ranks import check_keep, uniform_ranks
 from svdmlp.engine import Engine

@@ -18,8 +18,8 @@ from functools import partial
 import torch
 
 from svdmlp.backends import torch_ref, triton_unavailable_reason
+from svdmlp.bench.ceilings import Ceilings, measure_ceilings
 from svdmlp.bench.environment import cache_bytes
-from svdmlp.bench.timing import Ceilings, cpu_median, cuda_median, measure_ceilings
 from svdmlp.bench.workloads import (
     compare,
     dense_mlp,
@@ -35,6 +35,7 @@ from svdmlp.int_weights import SCHEMES
 from svdmlp.plan.cost import floor_seconds, mlp_ideal
 from svdmlp.plan.planner import MLPRanks, mlp_ranks
 from svdmlp.plan.shapes import BUILTIN, PAPER_MODELS, SMALL_MODELS, MLPShape
+from svdmlp.timing import cpu_median, cuda_median
 
 # Timed work per provider and row: enough repeats that the median is stable, few enough that the
 # whole GPU sweep (72 rows × 3 providers) fits in minutes. CUDA: 10–100 repeats; CPU: 3–25.

@@ -27,12 +27,12 @@ import torch
 
 from svdmlp.backends import torch_ref
 from svdmlp.bench.environment import cache_bytes
-from svdmlp.bench.timing import hold_stream
 from svdmlp.bench.workloads import compare, random_lowrank, weight_sets
 from svdmlp.plan.hardware import Hardware
 from svdmlp.plan.launches import predict_launch
 from svdmlp.plan.planner import mlp_ranks
 from svdmlp.plan.shapes import MLPShape
+from svdmlp.timing import hold_stream
 
 WARMUP = 3
 
@@ -81,7 +81,7 @@ class _Clock:
 
     def hold(self) -> None:
         """On CUDA, keep the device busy while the host queues the next call (see
-        :func:`svdmlp.bench.timing.hold_stream`): its events then time the kernels, not the host."""
+        :func:`svdmlp.timing.hold_stream`): its events then time the kernels, not the host."""
         if self.cuda:
             hold_stream()
 
