@@ -25,6 +25,7 @@ LAYERS = (
         "svdmlp.plots",
         "svdmlp.runtime",
         "svdmlp.tables",
+        "svdmlp.timing",
         "svdmlp.versions",
     ),
     ("svdmlp.compression.decompose", "svdmlp.corpora", "svdmlp.kernels"),
