@@ -9,6 +9,7 @@ import torch
 
 from conftest import tiny_model
 from svdmlp.bench import e2e
+from svdmlp.bench.ceilings import Ceilings
 from svdmlp.cli import main
 
 
@@ -43,6 +44,24 @@ def test_e2e_writes_table_json_and_plot(model_dir, tmp_path, capsys, monkeypatch
     dense = rows[("dense", 1)]
     assert dense["dollars_per_million_tokens"] == pytest.approx(dense["decode_s_per_step"] * 1e6 / 1e3)
     assert dense["joules_per_token"] is None and "CUDA" in dense["energy_note"] and "$/Mtok" in out
+    assert report["backend_choices"] == []  # the PyTorch backend on a CPU measures nothing
+
+
+def test_the_backends_choices_are_recorded_and_logged(monkeypatch):
+    from svdmlp.backends import choice
+
+    monkeypatch.setattr(choice, "_CHOICES", {("gated_mlp", "cuda:0", torch.bfloat16, 16): "fused"})
+    monkeypatch.setattr(e2e, "measure_ceilings", lambda *a: Ceilings(1e9, 1e9, 1, 1, "float32"))
+    monkeypatch.setattr(e2e, "measure_model", lambda *a: [])
+    lines = []
+    config = e2e.E2EConfig(
+        torch.device("cpu"), (None,), (0.8,), (1,), 8, 2, 1, torch.float32, 8, "torch", hf_baseline=False
+    )
+    report = e2e.run(config, lines.append)
+    assert report["backend_choices"] == [
+        {"key": ["gated_mlp", "cuda:0", "torch.bfloat16", "16"], "path": "fused"}
+    ]
+    assert any("backend ran the fused path for gated_mlp" in line for line in lines)
 
 
 def test_factor_bits_put_quantized_variants_beside_float_ones(model_dir, tmp_path, capsys, monkeypatch):

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from svdmlp import arch, lowrank, models
+from svdmlp.backends import choice
 from svdmlp.bench import energy
 from svdmlp.bench.ceilings import measure_ceilings
 from svdmlp.bench.kernel import CPU_CEILING_SIZES, CUDA_CEILING_SIZES
@@ -310,9 +311,15 @@ def run(config: E2EConfig, log: Callable[[str], None]) -> dict:
         rows += measure_model(name, config, ceilings.bandwidth, log)
         if config.device.type == "cuda":
             torch.cuda.empty_cache()
+    # What the Triton backend ran for each shape and token bucket: the fused path or the unfused chain
+    # (the first device run's compressed decode was slower than dense because this said "unfused").
+    chosen = [{"key": [str(part) for part in key], "path": path} for key, path in choice.choices().items()]
+    for made in chosen:
+        log(f"backend ran the {made['path']} path for {', '.join(made['key'])}")
     return {
         "config": config.to_dict(),
         "ceilings": ceilings.to_dict(),
         "rows": rows,
+        "backend_choices": chosen,
         "elapsed_s": time.perf_counter() - start,
     }
