@@ -51,7 +51,7 @@ def test_token_buckets(tokens, expected):
 def test_decode_calls_are_chosen_by_device_time_and_larger_ones_by_the_eager_callers(leading, graphed):
     """Decode calls are replayed from graphs (the host's queueing paid once); larger ones run eagerly.
     Timed eagerly at decode, the first device run chose the unfused chain on the host's pace."""
-    assert choice._graphed(torch.ones(*leading, 8)) is graphed
+    assert choice._graphed(choice.bucket(choice._tokens(torch.ones(*leading, 8)))) is graphed
 
 
 def test_off_cuda_the_fused_kernels_run_unmeasured(fresh, monkeypatch):

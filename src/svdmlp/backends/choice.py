@@ -90,22 +90,23 @@ def lowrank_gated_mlp(x, gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t, acti
         fused = kernels.quantized_gated_mlp
     if x.device.type != "cuda":
         return fused(x, *factors, activation)
-    key = ("gated_mlp", str(x.device), x.dtype, *(_shape(f) for f in factors), activation, bucket(_tokens(x)))
+    tokens = bucket(_tokens(x))
+    key = ("gated_mlp", str(x.device), x.dtype, *(_shape(f) for f in factors), activation, tokens)
     paths = {
         "fused": lambda: fused(x, *factors, activation),
         "unfused": lambda: torch_ref.lowrank_gated_mlp(x, *factors, activation),
     }
-    return paths[choose(key, paths, _graphed(x))]()
+    return paths[choose(key, paths, _graphed(tokens))]()
 
 
-def _graphed(x: torch.Tensor) -> bool:
-    """Whether a call of ``x``'s size is timed by the device alone: decode calls are replayed from CUDA
-    graphs (the engine captures its decode step), where the host's time to queue them is paid once;
+def _graphed(tokens_bucket: int) -> bool:
+    """Whether calls of a token bucket (:func:`bucket`) are timed by the device alone: decode calls are
+    replayed from CUDA graphs (the engine captures its decode step), where the host's queueing is paid once;
     larger calls (prefill) run eagerly, where a path the host queues slowly is slower whatever its
     kernels take (the first device run: 0.3-0.5 ms to queue the fused MLP, 3 launches; the unfused
     chain queues faster). Timed eagerly at decode, the fused path lost to the unfused one on the host's
     pace and the engine then replayed the slower chain."""
-    return bucket(_tokens(x)) == bucket(1)
+    return tokens_bucket == bucket(1)
 
 
 def lowrank_linear(x, u_t, v_t):
@@ -118,9 +119,10 @@ def lowrank_linear(x, u_t, v_t):
         return torch_ref.lowrank_linear(x, u_t, v_t)
     if x.device.type != "cuda":
         return kernels.lowrank_linear(x, u_t, v_t)
-    key = ("linear", str(x.device), x.dtype, u_t.shape, v_t.shape, bucket(_tokens(x)))
+    tokens = bucket(_tokens(x))
+    key = ("linear", str(x.device), x.dtype, u_t.shape, v_t.shape, tokens)
     paths = {
         "fused": lambda: kernels.lowrank_linear(x, u_t, v_t),
         "unfused": lambda: torch_ref.lowrank_linear(x, u_t, v_t),
     }
-    return paths[choose(key, paths, _graphed(x))]()
+    return paths[choose(key, paths, _graphed(tokens))]()
