@@ -36,7 +36,7 @@ from svdmlp.kernels.configs import GatedExpandTiles, MatmulTiles
 from svdmlp.kernels.gated_expand import gated_expand
 from svdmlp.kernels.matmul import matmul
 from svdmlp.plan.planner import mlp_ranks
-from svdmlp.plan.shapes import BUILTIN
+from svdmlp.plan.shapes import BUILTIN, MLPShape
 from svdmlp.timing import cuda_median
 
 # (block_n, block_k, stages, warps) of the weight-streaming matmul; block_m is 16 (one M tile).
@@ -65,6 +65,7 @@ EXPAND_VARIANTS = [
     (128, 64, 64, 3, 4, 8),
     (16, 128, 128, 4, 6, 4),
 ]
+DRY_SHAPE = MLPShape("tiny", 96, 200, 1, "llama")
 DRY_MATMUL = [(16, 64, 2, 4)]
 DRY_EXPAND = [(32, 32, 32, 2, 2, 4)]
 
@@ -188,6 +189,13 @@ def chain(shape, sets, m, dtype, device, bandwidth, repeats, cuda) -> dict:
     return record
 
 
+def emit(sink, record: dict) -> None:
+    """Append ``record`` to the JSONL sink (if any) at once, so that a cut run keeps it."""
+    if sink:
+        sink.write(json.dumps(record) + "\n")
+        sink.flush()
+
+
 def _percent(us: float | None, floor_us: float) -> str:
     return f"{us:.1f} µs ({floor_us / us:.0%} of floor)" if us else "failed"
 
@@ -219,11 +227,7 @@ def main() -> int:
     ]
     bandwidth = measure_ceilings(device, dtype, 1 << 30, 4096).bandwidth if cuda else 1e10
     sink = open(args.jsonl, "a") if args.jsonl else None  # noqa: SIM115 (appended to as rows come)
-    models = [BUILTIN[name] for name in args.models.split(",")] if cuda else []
-    if not cuda:
-        from svdmlp.plan.shapes import MLPShape
-
-        models = [MLPShape("tiny", 96, 200, 1, "llama")]
+    models = [BUILTIN[name] for name in args.models.split(",")] if cuda else [DRY_SHAPE]
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     for shape in models:
         ranks = mlp_ranks(shape, args.keep, 128 if cuda else 16).as_tuple()
@@ -231,10 +235,7 @@ def main() -> int:
         sets = weight_sets(make, cache_bytes(device)) if cuda else [make()]
         for m in (int(t) for t in args.tokens.split(",")):
             if args.chain:
-                record = chain(shape, sets, m, dtype, device, bandwidth, args.repeats, cuda)
-                if sink:
-                    sink.write(json.dumps(record) + "\n")
-                    sink.flush()
+                emit(sink, chain(shape, sets, m, dtype, device, bandwidth, args.repeats, cuda))
                 continue
             for name, (planned, vendor, nbytes, check) in launches(m, sets, dtype, device).items():
                 floor = nbytes / bandwidth
@@ -278,9 +279,7 @@ def main() -> int:
                     "vendor_us": vendor_us,
                     "variants": results,
                 }
-                if sink:
-                    sink.write(json.dumps(record) + "\n")
-                    sink.flush()
+                emit(sink, record)
                 pct = functools.partial(_percent, floor_us=floor * 1e6)
                 print(
                     f"{shape.name} M={m} {name}: floor {floor * 1e6:.1f} µs; planned {pct(results[0]['us'])}; "

@@ -104,6 +104,11 @@ def pow2_clamp(n: int, low: int, high: int) -> int:
     return max(low, min(high, triton.next_power_of_2(max(1, n))))
 
 
+def _index(device: torch.device) -> int:
+    """The CUDA device's index (the current one when ``device`` names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -113,7 +118,7 @@ def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors on ``device`` (asked once per device; 1 off CUDA)."""
     if device.type != "cuda":
         return 1
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(_index(device))
 
 
 @functools.cache
@@ -128,7 +133,7 @@ def programmatic_launch(device: torch.device, interpreted: bool) -> bool:
     it off (a driver or graph capture that mishandles it)."""
     if interpreted or device.type != "cuda" or os.environ.get("SVDMLP_PDL", "1") == "0":
         return False
-    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (9, 0)
+    return _capability(_index(device)) >= (9, 0)
 
 
 def streaming_stages(weight_stage_bytes: int, smem_stage_bytes: int, most: int = 12) -> int:
