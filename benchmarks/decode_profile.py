@@ -28,9 +28,9 @@ from svdmlp.bench import e2e
 from svdmlp.engine import Engine
 
 PROMPT_LEN = 128
-# Kernel kinds, first match wins, by substrings of the kernel's name (lower case).
+# Kernel kinds, first match wins, by substrings of the kernel's name (lower case); svdmlp's Triton
+# kernels are named `_..._kernel`, inductor's `triton_...`.
 KINDS = (
-    ("svdmlp triton", ("_lowrank", "_gated", "_decode", "_shrink", "_expand", "_matmul_kernel", "_int")),
     ("inductor triton", ("triton_",)),
     ("attention", ("flash", "fmha", "attention", "sdpa")),
     ("gemm/gemv", ("gemm", "gemv", "cublas", "cutlass", "xmma", "splitk", "sm90")),
@@ -44,6 +44,8 @@ DRY_CONFIG = dict(
 
 def kind_of(name: str) -> str:
     lower = name.lower()
+    if lower.startswith("_") and lower.endswith("_kernel"):
+        return "svdmlp triton"
     for kind, needles in KINDS:
         if any(needle in lower for needle in needles):
             return kind

@@ -232,6 +232,14 @@ class QuantizedMatrix(nn.Module):
         quantized.scales.copy_(scales.reshape(n, -1).view(torch.int16))
         return quantized
 
+    @classmethod
+    def around(cls, values: torch.Tensor, scales: torch.Tensor, how: Scheme, in_features: int) -> QuantizedMatrix:
+        """A matrix holding ``values`` and ``scales`` as they are (no copy): rebuilt from its tensors
+        where only tensors can pass (:mod:`svdmlp.backends.compiled_ops`)."""
+        matrix = cls(in_features, values.shape[0], how, device="meta")
+        matrix.values, matrix.scales = values, scales
+        return matrix
+
     def _values(self) -> torch.Tensor:
         """The ``(N, K)`` integer values, unpacked."""
         return self.values if self.scheme.bits == 8 else unpack_int4(self.values)[:, : self.in_features]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 
 from conftest import hf_greedy, tiny_model
+from svdmlp import lowrank
 from svdmlp.bench.e2e import install_random_lowrank
 from svdmlp.engine import Engine
+from svdmlp.int_weights import SCHEMES
 
 
 def test_the_compiled_step_of_a_low_rank_model_equals_hf_greedy():
@@ -22,6 +25,22 @@ def test_the_compiled_step_of_a_low_rank_model_equals_hf_greedy():
     ours = [str(w.message) for w in caught if "svdmlp" in w.filename or "lru_cache" in str(w.message)]
     assert ours == []
     assert result.tokens == hf_greedy(model, prompts, 10)
+
+
+@pytest.mark.parametrize("scheme", [None, "int8", "int4"])
+def test_the_compiled_step_runs_the_triton_backend_as_one_opaque_op(scheme):
+    """Traced, the Triton launchers broke the full graph and the engine decoded eagerly (the device run
+    of session 16); as custom ops they compile, float and quantized factors alike (kernels interpreted)."""
+    model = tiny_model("llama")
+    install_random_lowrank(model, keep=0.5, align=8, backend="triton")
+    if scheme is not None:
+        for module in lowrank.lowrank_modules(model):
+            module.quantize_factors(SCHEMES[scheme])
+    prompts = [[5, 9, 3, 12, 7]]
+    with warnings.catch_warnings(record=True):
+        result = Engine(model, max_batch=1, max_seq_len=32, compile=True).generate(prompts, 4)
+    assert result.compiled and result.note is None, result.note
+    assert result.tokens == hf_greedy(model, prompts, 4)
 
 
 def test_a_step_that_does_not_compile_decodes_eagerly_and_says_why(monkeypatch):

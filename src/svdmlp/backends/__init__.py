@@ -87,7 +87,7 @@ def _load(name: str) -> Backend:
 
         return Backend("torch", torch_ref.lowrank_linear, torch_ref.lowrank_gated_mlp)
     if name == "triton":
-        from svdmlp.backends import choice
+        from svdmlp.backends import compiled_ops
 
-        return Backend("triton", choice.lowrank_linear, choice.lowrank_gated_mlp)
+        return Backend("triton", compiled_ops.lowrank_linear, compiled_ops.lowrank_gated_mlp)
     raise ValueError(f"no concrete backend named {name!r}; expected 'torch' or 'triton'")
