@@ -4,7 +4,9 @@ The engine's compiled, graph-replayed decode step on the Llama-3.2-1B shape take
 H200 against a 0.58 ms weight-streaming floor, and the MLP kernels are only part of it. This profiles
 ``--steps`` decode steps (torch.profiler, CUDA activity: device-side kernel times, also inside graph
 replays) of the dense model and of each ``--keep``, and reports per step: the wall time, the sum of
-the kernels' device times (their difference is the gaps between kernels), the kernel count, and the
+the kernels' device times (their difference is the gaps between kernels; negative where launches
+overlap: a programmatic dependent launch starts early and waits inside, so its time includes the
+wait), the kernel count, and the
 time by kind (GEMM/GEMV, svdmlp's Triton kernels, inductor's fused kernels, attention, copies), with
 the costliest kernels by name. Results go to ``--out``/decode-profile.{txt,json} as each variant ends.
 
@@ -109,7 +111,7 @@ def report(row: dict) -> str:
     lines = [
         f"{row['variant']}: wall {row['wall_ms_per_step']:.3f} ms/step (profiled "
         f"{row['profiled_wall_ms_per_step']:.3f}); kernels {row['kernel_ms_per_step']:.3f} ms/step in "
-        f"{row['kernels_per_step']:.0f} kernels; gaps {row['wall_ms_per_step'] - row['kernel_ms_per_step']:.3f} ms"
+        f"{row['kernels_per_step']:.0f} kernels; wall - kernels {row['wall_ms_per_step'] - row['kernel_ms_per_step']:.3f} ms"
         f" (graph {row['graph']}, compiled {row['compiled']}, warm-up {row['warm_s']:.1f} s)",
         "  by kind: " + ", ".join(f"{k} {v:.3f}" for k, v in row["by_kind_ms"].items()),
     ]
