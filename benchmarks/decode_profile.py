@@ -64,9 +64,9 @@ def kernel_events(prof) -> list:
     return events
 
 
-def profile_variant(model, name: str, steps: int, compile_step: bool, device: torch.device) -> dict:
-    engine = Engine(model, max_batch=1, max_seq_len=PROMPT_LEN + steps + 1, compile=compile_step,
-                    sync_every=steps + 1)
+def profile_variant(model, name: str, steps: int, compile_mode: str | None, device: torch.device) -> dict:
+    engine = Engine(model, max_batch=1, max_seq_len=PROMPT_LEN + steps + 1, compile=compile_mode is not None,
+                    compile_mode=compile_mode or "default", sync_every=steps + 1)
     prompt = [[(7 * i) % model.config.vocab_size for i in range(PROMPT_LEN)]]
     started = time.perf_counter()
     engine.generate(prompt, steps + 1)  # compiles and captures the step
@@ -128,6 +128,7 @@ def main() -> None:
     parser.add_argument("--keep", default="0.8", help="comma-separated keeps besides dense ('' for none)")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--no-compile", action="store_true", help="profile the uncompiled step too")
+    parser.add_argument("--compile-mode", default="default", help="the engine's compile mode (default, max-autotune)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dry-run", action="store_true", help="tiny random model on the CPU")
     args = parser.parse_args()
@@ -137,7 +138,7 @@ def main() -> None:
     keeps = [None] + [float(k) for k in args.keep.split(",") if k]
     rows = []
     for keep in keeps:
-        for compile_step in ([True, False] if args.no_compile else [True]):
+        for compile_mode in ([args.compile_mode, None] if args.no_compile else [args.compile_mode]):
             if args.dry_run:
                 from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -148,8 +149,8 @@ def main() -> None:
             name = "dense" if keep is None else f"keep {keep:g}"
             if keep is not None:
                 e2e.install_random_lowrank(model, keep, 32 if args.dry_run else 128, "auto")
-            name += "" if compile_step else " (not compiled)"
-            rows.append(profile_variant(model, name, 2 if args.dry_run else args.steps, compile_step, device))
+            name += f" ({compile_mode})" if compile_mode else " (not compiled)"
+            rows.append(profile_variant(model, name, 2 if args.dry_run else args.steps, compile_mode, device))
             text = "\n\n".join(report(r) for r in rows)
             print(report(rows[-1]), flush=True)
             (args.out / "decode-profile.txt").write_text(text + "\n")

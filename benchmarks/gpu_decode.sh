@@ -8,29 +8,31 @@
 #
 # Everything lands under $OUT as soon as it exists: env.txt, e2e-compiled.{txt,json},
 # decode-profile.{txt,json}, gpu_tests.txt. Cuts: E2E_TIMEOUT (default 200 s), PROFILE_TIMEOUT (150 s),
-# TEST_TIMEOUT (90 s).
+# TEST_TIMEOUT (90 s). COMPILE_MODE (default: default) is the engine's compile mode for both the bench
+# and the profile: max-autotune times inductor's matmul kernels against cuBLAS (give it E2E_TIMEOUT=330).
 set -uo pipefail
 
 OUT=${OUT:-bench-out}
 E2E_TIMEOUT=${E2E_TIMEOUT:-200}
 PROFILE_TIMEOUT=${PROFILE_TIMEOUT:-150}
 TEST_TIMEOUT=${TEST_TIMEOUT:-90}
+COMPILE_MODE=${COMPILE_MODE:-default}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 source "$(dirname "$0")/gpu_env.sh"
 E2E_ARGS=(--batch 1 --keep 0.8,0.6)
-PROFILE_ARGS=()
+PROFILE_ARGS=(--compile-mode "$COMPILE_MODE")
 MARKS="gpu or fuzz"
 if [ "$DRY" = 1 ]; then
     E2E_ARGS=(${E2E_MODEL:-} --keep 0.8 --batch 1 --prompt-len 8 --new-tokens 2 --repeats 1 --device cpu)
-    PROFILE_ARGS=(--dry-run)
+    PROFILE_ARGS=(--dry-run --compile-mode "$COMPILE_MODE")
     MARKS=gpu  # skipped on a CPU: the dry run checks the plumbing
 fi
 
-echo "== bench e2e, decode step compiled, batch 1, no HF baseline (cut at ${E2E_TIMEOUT}s)"
-timeout "$E2E_TIMEOUT" "$PYTHON" -m svdmlp bench e2e "${E2E_ARGS[@]}" --no-hf --compile \
+echo "== bench e2e, decode step compiled ($COMPILE_MODE), batch 1, no HF baseline (cut at ${E2E_TIMEOUT}s)"
+timeout "$E2E_TIMEOUT" "$PYTHON" -m svdmlp bench e2e "${E2E_ARGS[@]}" --no-hf --compile "$COMPILE_MODE" \
     --json "$OUT/e2e-compiled.json" 2>&1 | tee "$OUT/e2e-compiled.txt"
 status=${PIPESTATUS[0]}
 echo "compiled bench exit status: $status (124 = cut by the timeout)"

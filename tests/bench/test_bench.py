@@ -54,7 +54,7 @@ def test_the_decode_step_script_dry_runs(model_dir, tmp_path):
     for name in ("env.txt", "e2e-compiled.json", "e2e-compiled.txt", "decode-profile.json", "decode-profile.txt"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
     rows = json.loads((tmp_path / "out" / "decode-profile.json").read_text())
-    assert [row["variant"] for row in rows] == ["dense", "keep 0.8"]
+    assert [row["variant"] for row in rows] == ["dense (default)", "keep 0.8 (default)"]
 
 
 def test_the_decode_tile_sweep_dry_runs(tmp_path):

@@ -116,3 +116,35 @@ def test_a_keep_list_that_is_not_numbers_is_a_usage_error(model_dir, capsys):
         main(["bench", "e2e", str(model_dir), "--keep", "a,b"])
     assert exit_info.value.code == 2
     assert "argument --keep: expected a comma-separated list, got 'a,b'" in capsys.readouterr().err
+
+
+def test_the_compile_mode_reaches_every_engine(model_dir, monkeypatch):
+    """``--compile max-autotune`` compiles each engine's step in that mode; the command line offers
+    exactly the engine's modes."""
+    from svdmlp.cli import build_parser
+    from svdmlp.engine.engine import COMPILE_MODES
+
+    args = build_parser().parse_args(["bench", "e2e", str(model_dir), "--compile", "max-autotune"])
+    assert args.compile == "max-autotune"
+    assert build_parser().parse_args(["bench", "e2e", "--compile"]).compile == "default"
+    action = next(a for a in build_parser()._actions if a.dest == "command").choices["bench"]
+    e2e_parser = next(a for a in action._actions if a.dest == "benchmark").choices["e2e"]
+    compile_action = next(a for a in e2e_parser._actions if a.dest == "compile")
+    assert set(compile_action.choices) == set(COMPILE_MODES)
+
+    built = []
+    monkeypatch.setattr(e2e, "Engine", lambda model, **options: built.append(options))
+    config = e2e.E2EConfig(
+        models=(str(model_dir),), keeps=(0.6,), batches=(1,), prompt_len=4, new_tokens=2, repeats=1,
+        device=torch.device("cpu"), dtype=torch.float32, align=8, backend="torch", hf_baseline=False,
+        compile="max-autotune",
+    )
+    e2e.build_variants(str(model_dir), config, log=lambda line: None)
+    assert [(o["compile"], o["compile_mode"]) for o in built] == [(True, "max-autotune")] * 2
+
+
+def test_an_unknown_compile_mode_is_refused():
+    from svdmlp.engine import Engine
+
+    with pytest.raises(ValueError, match="compile_mode must be one of"):
+        Engine(tiny_model("llama"), compile=True, compile_mode="fastest")

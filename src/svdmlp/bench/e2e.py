@@ -64,7 +64,7 @@ class E2EConfig:
     backend: str
     hf_baseline: bool
     price_per_hour: float | None = None  # device-hour price for the cost column (--price)
-    compile: bool = False  # torch.compile each engine's decode step (--compile)
+    compile: str | None = None  # torch.compile each engine's decode step in this mode (--compile)
     factor_bits: tuple[int, ...] = (16,)  # each keep once per entry: 16 float factors, 8/4 quantized
 
     def __post_init__(self) -> None:
@@ -235,7 +235,8 @@ def build_variants(name: str | None, config: E2EConfig, log: Callable[[str], Non
             max_batch=max(config.batches),
             max_seq_len=config.prompt_len + config.new_tokens,
             sync_every=config.new_tokens,  # no host sync inside the timed decode
-            compile=config.compile,
+            compile=config.compile is not None,
+            compile_mode=config.compile or "default",
         )
         variants.append(Variant(variant, model, keep, ranks, engine))
     return variants

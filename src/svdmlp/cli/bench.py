@@ -221,8 +221,14 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--compile",
-        action="store_true",
-        help="torch.compile every engine's decode step (full graph, static shapes) before it is captured",
+        nargs="?",
+        const="default",
+        default=None,
+        choices=("default", "max-autotune"),  # svdmlp.engine.engine.COMPILE_MODES (a test keeps them equal)
+        metavar="MODE",
+        help="torch.compile every engine's decode step (full graph, static shapes) before it is captured; "
+        "MODE max-autotune also times inductor's matmul kernels against cuBLAS for each of its shapes "
+        "(minutes more to compile; default: default)",
     )
     parser.add_argument(
         "--factor-bits",

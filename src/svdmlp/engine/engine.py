@@ -33,6 +33,12 @@ MAX_BATCH = 64
 # session (cache and graphs) instead of capturing a graph per prompt length.
 CACHE_QUANTUM = 128
 CUDA_SYNC_EVERY = 8  # tokens between host syncs on CUDA (streaming, stop checks)
+# The engine's compile modes, by the torch.compile mode each runs. "max-autotune" times inductor's
+# own matmul kernels against the vendor library's for each of the step's shapes (minutes of compiling):
+# the decode step's skinny GEMVs are where cuBLAS lost most on an H200 (attention projections at a
+# quarter of the copy bandwidth, BENCHMARKS.md session 16). Never inductor's own CUDA graphs: the
+# engine captures the step itself.
+COMPILE_MODES = {"default": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 
 
 @dataclass
@@ -121,6 +127,7 @@ class Engine:
         compile: compile the decode step with ``torch.compile`` (full graph, static shapes) before it
             is captured: norms, rotary, cache writes and attention fused into fewer kernels, which a
             graph alone cannot do (it removes launch gaps, not launches). Implies the static cache.
+        compile_mode: one of :data:`COMPILE_MODES`, for ``compile``.
         sync_every: tokens between host syncs (streaming, stop checks); default 8 on CUDA, 1 on CPU.
     """
 
@@ -131,6 +138,7 @@ class Engine:
         max_seq_len: int | None = None,
         graphs: bool | None = None,
         compile: bool = False,
+        compile_mode: str = "default",
         sync_every: int | None = None,
     ):
         parameter = next(model.parameters())
@@ -146,7 +154,9 @@ class Engine:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         if self.graphs and self.device.type != "cuda":
             raise ValueError(f"graphs=True needs a model on CUDA; this one is on {self.device.type}")
-        self.compile = compile
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {sorted(COMPILE_MODES)}, got {compile_mode!r}")
+        self.compile, self.compile_mode = compile, compile_mode
         # Fixed shapes for the decode step: graphs and compiled steps need the static cache.
         self.static = self.graphs or compile
         self.sync_every = (CUDA_SYNC_EVERY if self.graphs else 1) if sync_every is None else sync_every
@@ -274,7 +284,8 @@ class Engine:
         try:
             if self.compile:
                 step()  # eagerly first: one-time work (the backend's measured choice) stays untraced
-                entry = (torch.compile(step, fullgraph=True, dynamic=False), None)
+                mode = COMPILE_MODES[self.compile_mode]
+                entry = (torch.compile(step, fullgraph=True, dynamic=False, mode=mode), None)
                 if not self.graphs:
                     entry[0]()
             if self.graphs:
