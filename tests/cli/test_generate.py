@@ -25,6 +25,14 @@ def test_fast_engine_prints_what_hf_generate_prints(model_dir, capsys):
     assert len(record["new_ids"]) == 12 and record["text"] == fast.removesuffix("\n")
 
 
+def test_the_compiled_engine_prints_the_same_text(model_dir, capsys):
+    args = ["generate", model_dir, "--prompt", "the quick fox", "--max-new-tokens", "6"]
+    code, plain, _ = run_cli(capsys, *args)
+    assert code == 0
+    code, compiled, _ = run_cli(capsys, *args, "--compile")
+    assert code == 0 and compiled == plain
+
+
 @pytest.mark.parametrize("engine", ["fast", "hf"])
 def test_sampling_follows_its_seed(model_dir, capsys, engine):
     """A seed repeats its text, other seeds change it, and none of them is the greedy text: the
@@ -69,7 +77,11 @@ def test_top_k_one_prints_the_greedy_text(model_dir, capsys):
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"), (["--top-k", "0"], "top_k must be >= 1")],
+    [
+        (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
+        (["--top-k", "0"], "top_k must be >= 1"),
+        (["--engine", "hf", "--compile"], "--engine hf has none"),
+    ],
 )
 def test_bad_sampling_flags_exit_2(model_dir, capsys, flags, message):
     code, _, err = run_cli(capsys, "generate", model_dir, "--prompt", "x", *flags)

@@ -219,17 +219,7 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
         metavar="USD",
         help="price of the device per hour: adds dollars per million generated tokens to each row",
     )
-    parser.add_argument(
-        "--compile",
-        nargs="?",
-        const="default",
-        default=None,
-        choices=("default", "max-autotune"),  # svdmlp.engine.engine.COMPILE_MODES (a test keeps them equal)
-        metavar="MODE",
-        help="torch.compile every engine's decode step (full graph, static shapes) before it is captured; "
-        "MODE max-autotune also times inductor's matmul kernels against cuBLAS for each of its shapes "
-        "(minutes more to compile; default: default)",
-    )
+    options.add_compile(parser, "every engine's")
     parser.add_argument(
         "--factor-bits",
         type=options.comma_list(int),

@@ -42,6 +42,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default="fast",
         help="fast: static cache, CUDA-graph decoding, streamed (default); hf: Hugging Face generate",
     )
+    options.add_compile(p, "the fast engine's")
     options.add_json(p, "the prompt's and the new tokens' ids and the new text")
     options.add_runtime(p)
     p.set_defaults(run=run)
@@ -58,6 +59,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.temperature is not None and args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.compile and args.engine == "hf":
+        raise ValueError("--compile compiles the fast engine's decode step; --engine hf has none")
     device, dtype = options.runtime(args)
     model, tokenizer, _ = checkpoint.load_any(args.target, args.backend, dtype, device)
     sampling, said = _sampling(args, getattr(model, "generation_config", None))
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
         new = _hf_generate(model, prompt, sampling, args.max_new_tokens, tokenizer.eos_token_id)
         stream.push(new)
     else:
-        result = Engine(model, max_batch=1).generate(
+        compiled = {"compile": True, "compile_mode": args.compile} if args.compile else {}
+        result = Engine(model, max_batch=1, **compiled).generate(
             [prompt],
             args.max_new_tokens,
             sampling,
