@@ -39,8 +39,13 @@ KINDS = (
     ("copy/fill", ("copy", "memcpy", "memset", "fill", "cat")),
 )
 DRY_CONFIG = dict(
-    hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, vocab_size=256, max_position_embeddings=256,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=256,
 )
 
 
@@ -65,8 +70,14 @@ def kernel_events(prof) -> list:
 
 
 def profile_variant(model, name: str, steps: int, compile_mode: str | None, device: torch.device) -> dict:
-    engine = Engine(model, max_batch=1, max_seq_len=PROMPT_LEN + steps + 1, compile=compile_mode is not None,
-                    compile_mode=compile_mode or "default", sync_every=steps + 1)
+    engine = Engine(
+        model,
+        max_batch=1,
+        max_seq_len=PROMPT_LEN + steps + 1,
+        compile=compile_mode is not None,
+        compile_mode=compile_mode or "default",
+        sync_every=steps + 1,
+    )
     prompt = [[(7 * i) % model.config.vocab_size for i in range(PROMPT_LEN)]]
     started = time.perf_counter()
     engine.generate(prompt, steps + 1)  # compiles and captures the step
@@ -100,8 +111,13 @@ def profile_variant(model, name: str, steps: int, compile_mode: str | None, devi
         "kernels_per_step": sum(len(t) for t in decode.values()) / per_step,
         "by_kind_ms": dict(sorted(kinds.items(), key=lambda item: -item[1])),
         "top": [
-            {"name": n[:120], "kind": kind_of(n), "calls_per_step": len(t) / per_step,
-             "ms_per_step": sum(t) / per_step, "us_each": 1e3 * statistics.median(t)}
+            {
+                "name": n[:120],
+                "kind": kind_of(n),
+                "calls_per_step": len(t) / per_step,
+                "ms_per_step": sum(t) / per_step,
+                "us_each": 1e3 * statistics.median(t),
+            }
             for n, t in top
         ],
     }
@@ -124,11 +140,15 @@ def report(row: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--keep", default="0.8", help="comma-separated keeps besides dense ('' for none)")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--no-compile", action="store_true", help="profile the uncompiled step too")
-    parser.add_argument("--compile-mode", default="default", help="the engine's compile mode (default, max-autotune)")
+    parser.add_argument(
+        "--compile-mode", default="default", help="the engine's compile mode (default, max-autotune)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dry-run", action="store_true", help="tiny random model on the CPU")
     args = parser.parse_args()
@@ -138,7 +158,7 @@ def main() -> None:
     keeps = [None] + [float(k) for k in args.keep.split(",") if k]
     rows = []
     for keep in keeps:
-        for compile_mode in ([args.compile_mode, None] if args.no_compile else [args.compile_mode]):
+        for compile_mode in [args.compile_mode, None] if args.no_compile else [args.compile_mode]:
             if args.dry_run:
                 from transformers import AutoModelForCausalLM, LlamaConfig
 

@@ -233,7 +233,9 @@ class QuantizedMatrix(nn.Module):
         return quantized
 
     @classmethod
-    def around(cls, values: torch.Tensor, scales: torch.Tensor, how: Scheme, in_features: int) -> QuantizedMatrix:
+    def around(
+        cls, values: torch.Tensor, scales: torch.Tensor, how: Scheme, in_features: int
+    ) -> QuantizedMatrix:
         """A matrix holding ``values`` and ``scales`` as they are (no copy): rebuilt from its tensors
         where only tensors can pass (:mod:`svdmlp.backends.compiled_ops`)."""
         matrix = cls(in_features, values.shape[0], how, device="meta")

@@ -51,7 +51,13 @@ def test_the_full_device_sweep_dry_runs(model_dir, tmp_path):
 def test_the_decode_step_script_dry_runs(model_dir, tmp_path):
     result = _dry_run("gpu_decode.sh", tmp_path / "out", model_dir)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for name in ("env.txt", "e2e-compiled.json", "e2e-compiled.txt", "decode-profile.json", "decode-profile.txt"):
+    for name in (
+        "env.txt",
+        "e2e-compiled.json",
+        "e2e-compiled.txt",
+        "decode-profile.json",
+        "decode-profile.txt",
+    ):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
     rows = json.loads((tmp_path / "out" / "decode-profile.json").read_text())
     assert [row["variant"] for row in rows] == ["dense (default)", "keep 0.8 (default)"]

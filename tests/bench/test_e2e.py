@@ -132,8 +132,17 @@ def test_the_compile_mode_reaches_every_engine(model_dir, monkeypatch):
     built = []
     monkeypatch.setattr(e2e, "Engine", lambda model, **options: built.append(options))
     config = e2e.E2EConfig(
-        models=(str(model_dir),), keeps=(0.6,), batches=(1,), prompt_len=4, new_tokens=2, repeats=1,
-        device=torch.device("cpu"), dtype=torch.float32, align=8, backend="torch", hf_baseline=False,
+        models=(str(model_dir),),
+        keeps=(0.6,),
+        batches=(1,),
+        prompt_len=4,
+        new_tokens=2,
+        repeats=1,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        align=8,
+        backend="torch",
+        hf_baseline=False,
         compile="max-autotune",
     )
     e2e.build_variants(str(model_dir), config, log=lambda line: None)

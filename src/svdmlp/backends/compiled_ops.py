@@ -34,8 +34,13 @@ def _parts(factors) -> tuple[Tensors, Tensors, list[int], str]:
     )
 
 
-def _rewrapped(values: Tensors, scales: Tensors, in_features: list[int], scheme: str) -> list[QuantizedMatrix]:
-    return [QuantizedMatrix.around(v, s, SCHEMES[scheme], k) for v, s, k in zip(values, scales, in_features, strict=True)]
+def _rewrapped(
+    values: Tensors, scales: Tensors, in_features: list[int], scheme: str
+) -> list[QuantizedMatrix]:
+    return [
+        QuantizedMatrix.around(v, s, SCHEMES[scheme], k)
+        for v, s, k in zip(values, scales, in_features, strict=True)
+    ]
 
 
 def _like(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -83,7 +88,9 @@ def _(x, u_t, v_t):
 
 
 @torch.library.custom_op("svdmlp::quantized_lowrank_linear", mutates_args=())
-def _quantized_linear(x: torch.Tensor, values: Tensors, scales: Tensors, in_features: list[int], scheme: str) -> torch.Tensor:
+def _quantized_linear(
+    x: torch.Tensor, values: Tensors, scales: Tensors, in_features: list[int], scheme: str
+) -> torch.Tensor:
     return choice.lowrank_linear(x, *_rewrapped(values, scales, in_features, scheme))
 
 
