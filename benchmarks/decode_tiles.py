@@ -10,7 +10,7 @@ overflow L2; every time is set against the launch's own HBM floor, and the vendo
 same shapes is beside the two plain matmuls. Each result is appended to ``--jsonl`` as it is measured.
 
     python benchmarks/decode_tiles.py --jsonl OUT/tiles.jsonl          # on a CUDA device
-    python benchmarks/decode_tiles.py --chain                          # the whole op, PDL off and on
+    python benchmarks/decode_tiles.py --chain                          # the whole op: PDL off, on, on + L2 prefetch
     TRITON_INTERPRET=1 python benchmarks/decode_tiles.py --dry-run     # the plumbing, on a CPU
 """
 
@@ -65,6 +65,15 @@ EXPAND_VARIANTS = [
     (128, 64, 64, 3, 4, 8),
     (16, 128, 128, 4, 6, 4),
 ]
+# The chain's settings: programmatic dependent launch off and on, and on with each dependent launch
+# asking L2 for a share of its weight rows before it waits (SVDMLP_PREFETCH).
+CHAIN_SETTINGS = {
+    "pdl0": {"SVDMLP_PDL": "0", "SVDMLP_PREFETCH": "0"},
+    "pdl1": {"SVDMLP_PDL": "1", "SVDMLP_PREFETCH": "0"},
+    "pdl1-prefetch0.25": {"SVDMLP_PDL": "1", "SVDMLP_PREFETCH": "0.25"},
+    "pdl1-prefetch0.5": {"SVDMLP_PDL": "1", "SVDMLP_PREFETCH": "0.5"},
+    "pdl1-prefetch1": {"SVDMLP_PDL": "1", "SVDMLP_PREFETCH": "1"},
+}
 DRY_SHAPE = MLPShape("tiny", 96, 200, 1, "llama")
 DRY_MATMUL = [(16, 64, 2, 4)]
 DRY_EXPAND = [(32, 32, 32, 2, 2, 4)]
@@ -158,8 +167,8 @@ def launches(m, sets, dtype, device):
 
 
 def chain(shape, sets, m, dtype, device, bandwidth, repeats, cuda) -> dict:
-    """The whole fused decode op with programmatic dependent launch off and on (``SVDMLP_PDL``),
-    each checked against float64 and timed as graph replays, against the factors' HBM floor."""
+    """The whole fused decode op under each of :data:`CHAIN_SETTINGS`, each checked against float64
+    and timed as graph replays, against the factors' HBM floor."""
     from svdmlp.backends import torch_ref
     from svdmlp.bench.workloads import compare
     from svdmlp.kernels import lowrank_gated_mlp
@@ -168,21 +177,20 @@ def chain(shape, sets, m, dtype, device, bandwidth, repeats, cuda) -> dict:
     reference = torch_ref.lowrank_gated_mlp(x.double(), *(f.double() for f in sets[0].factors), "silu")
     floor_us = sets[0].nbytes / bandwidth * 1e6
     record = {"model": shape.name, "m": m, "launch": "chain", "floor_us": floor_us}
-    for pdl in ("0", "1"):
-        os.environ["SVDMLP_PDL"] = pdl
-        try:
-            check = compare(lowrank_gated_mlp(x, *sets[0].factors, "silu"), reference.to(dtype))
-            us = seconds(lambda: [lowrank_gated_mlp(x, *w.factors, "silu") for w in sets], cuda, repeats)
-            record[f"pdl{pdl}"] = {"us": us / len(sets) * 1e6, "check": check}
-        except Exception as err:  # a failure with PDL on is the finding this section looks for
-            record[f"pdl{pdl}"] = {"error": f"{type(err).__name__}: {err}"[:300]}
-    os.environ.pop("SVDMLP_PDL")
+    for name, settings in CHAIN_SETTINGS.items():
+        with mock.patch.dict(os.environ, settings):
+            try:
+                check = compare(lowrank_gated_mlp(x, *sets[0].factors, "silu"), reference.to(dtype))
+                us = seconds(lambda: [lowrank_gated_mlp(x, *w.factors, "silu") for w in sets], cuda, repeats)
+                record[name] = {"us": us / len(sets) * 1e6, "check": check}
+            except Exception as err:  # a failure with PDL on is the finding this section looks for
+                record[name] = {"error": f"{type(err).__name__}: {err}"[:300]}
     print(
         f"{shape.name} M={m} chain: floor {floor_us:.1f} µs; "
         + "; ".join(
-            f"PDL {pdl}: "
+            f"{name}: "
             + (_percent(r["us"], floor_us) + f", check {r['check']['ok']}" if "us" in r else r["error"])
-            for pdl, r in ((p, record[f"pdl{p}"]) for p in ("0", "1"))
+            for name, r in ((n, record[n]) for n in CHAIN_SETTINGS)
         ),
         flush=True,
     )

@@ -57,6 +57,8 @@ def test_the_decode_step_script_dry_runs(model_dir, tmp_path):
         "e2e-compiled.txt",
         "decode-profile.json",
         "decode-profile.txt",
+        "chain.jsonl",
+        "chain.txt",
     ):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
     rows = json.loads((tmp_path / "out" / "decode-profile.json").read_text())
@@ -80,7 +82,9 @@ def test_the_decode_tile_sweep_dry_runs(tmp_path):
         records = [json.loads(line) for line in out.read_text().splitlines()]
         if mode:
             assert [r["m"] for r in records] == [1, 16]
-            assert all(r[f"pdl{p}"]["check"]["ok"] for r in records for p in "01")
+            settings = [[v for v in r.values() if isinstance(v, dict)] for r in records]
+            assert [len(s) for s in settings] == [5, 5]  # PDL off, on, on with three L2 prefetch shares
+            assert all(v["check"]["ok"] for s in settings for v in s)
         else:
             assert [r["launch"] for r in records] == ["shrink", "gated_expand+down", "down_expand"] * 2
             assert all(v["error"] is None for r in records for v in r["variants"])

@@ -177,6 +177,34 @@ def test_kernels_compile_for_an_h200_without_spills():
         assert kernel in result.stdout
 
 
+def test_the_l2_prefetch_share_is_off_by_default_and_checked(monkeypatch):
+    """``SVDMLP_PREFETCH``: a share of the weight rows, asked for only by a dependent launch whose
+    rows are contiguous; anything but a number in [0, 1] is refused with the variable's name."""
+    monkeypatch.delenv("SVDMLP_PREFETCH", raising=False)
+    assert configs.prefetch_rows(1280, dependent=True, contiguous=True) == 0
+    monkeypatch.setenv("SVDMLP_PREFETCH", "0.5")
+    assert configs.prefetch_rows(1280, dependent=True, contiguous=True) == 640
+    assert configs.prefetch_rows(1280, dependent=False, contiguous=True) == 0
+    assert configs.prefetch_rows(1280, dependent=True, contiguous=False) == 0
+    for bad in ("1.5", "-0.1", "half"):
+        monkeypatch.setenv("SVDMLP_PREFETCH", bad)
+        with pytest.raises(ValueError, match="SVDMLP_PREFETCH must be"):
+            configs.prefetch_rows(1280, dependent=True, contiguous=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("share", ["0.5", "1"])
+def test_gpu_decode_with_the_l2_prefetch(kh, cuda_only, monkeypatch, share):
+    """The prefetch is a hint: with it the decode chain's output is the reference's."""
+    monkeypatch.setenv("SVDMLP_PREFETCH", share)
+    generator = torch.Generator().manual_seed(0)
+    factors = make_mlp(kh, generator, 2048, 8192, 1280, 1280, 1280, torch.bfloat16)
+    for tokens in (1, 16):
+        x = kh.random_input(generator, (tokens, 2048), torch.bfloat16)
+        y = lowrank_gated_mlp(x, **factors, activation="silu", schedule="decode")
+        kh.assert_close_to_reference(y, reference(x, factors, "silu"), f"prefetch {share} M={tokens}")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gpu_realistic_shapes(kh, cuda_only, dtype):

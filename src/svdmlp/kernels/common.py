@@ -159,6 +159,36 @@ def gemm_tile(
     return rows, cols, ks, row_in, col_in, a_ptrs
 
 
+# Bytes of one L2 cache line: the unit a prefetch asks for.
+CACHE_LINE = 128
+
+
+def prefetch_lines(block_n: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(lines per row, elements per line) of a ``block_n``-wide slab of ``dtype`` for :func:`prefetch_l2`."""
+    per_line = CACHE_LINE // dtype.itemsize
+    return max(1, triton.cdiv(block_n, per_line)), per_line
+
+
+@triton.jit
+def prefetch_l2(ptr, rows, stride_row, BLOCK_ROWS: tl.constexpr, LINES: tl.constexpr, PER_LINE: tl.constexpr):
+    """Ask the L2 cache for the first ``rows`` rows of a slab at ``ptr`` (LINES lines of PER_LINE
+    elements per row, rows ``stride_row`` elements apart) without waiting for them.
+
+    For a dependent launch of the decode chain: its weights do not depend on its predecessor, so they
+    can be on their way while the predecessor still streams its own, before ``gdc_wait``; the loads
+    after it then hit L2. A hint (inline PTX ``prefetch.global.L2``; GPU only, so callers guard it with
+    a flag the interpreter never sets); rows past the slab are clamped to its last.
+    """
+    row_offsets = tl.arange(0, BLOCK_ROWS)
+    line_offsets = tl.arange(0, LINES) * PER_LINE
+    for start in range(0, rows, BLOCK_ROWS):
+        slab_rows = tl.minimum(start + row_offsets, rows - 1)
+        addresses = ptr + slab_rows[:, None].to(tl.int64) * stride_row + line_offsets[None, :]
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; // dummy $0", "=r,l", [addresses], dtype=tl.int32, is_pure=False, pack=1
+        )
+
+
 def zero_block(zero: torch.Tensor | None, programs: int) -> int:
     """Elements of ``zero`` (contiguous) each of ``programs`` programs clears with :func:`zero_share`
     (0: nothing to clear)."""

@@ -136,6 +136,21 @@ def programmatic_launch(device: torch.device, interpreted: bool) -> bool:
     return _capability(_index(device)) >= (9, 0)
 
 
+def prefetch_rows(rows: int, dependent: bool, contiguous: bool) -> int:
+    """How many of its ``rows`` weight rows a launch asks L2 for before it waits for its predecessor
+    (:func:`svdmlp.kernels.common.prefetch_l2`): a share of them, ``SVDMLP_PREFETCH`` (0 to 1), for a
+    dependent launch of the decode chain whose weight rows are contiguous; 0 (off) by default until
+    timed on a device (``benchmarks/decode_tiles.py --chain`` times it beside PDL off and on)."""
+    text = os.environ.get("SVDMLP_PREFETCH", "0")
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= 1:
+        raise ValueError(f"SVDMLP_PREFETCH must be a share of the weight rows in [0, 1], got {text!r}")
+    return int(share * rows) if dependent and contiguous else 0
+
+
 def streaming_stages(weight_stage_bytes: int, smem_stage_bytes: int, most: int = 12) -> int:
     """Pipeline depth that keeps DECODE_BYTES_IN_FLIGHT of weights in flight while one stage computes
     (``stages - 1`` loads ahead), within the shared-memory budget."""

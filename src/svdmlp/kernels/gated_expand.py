@@ -9,7 +9,15 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from svdmlp.kernels import configs
-from svdmlp.kernels.common import activate_f32, dot_f32, dot_precision, grouped_tile, is_interpreted
+from svdmlp.kernels.common import (
+    activate_f32,
+    dot_f32,
+    dot_precision,
+    grouped_tile,
+    is_interpreted,
+    prefetch_l2,
+    prefetch_lines,
+)
 
 
 @triton.jit
@@ -109,6 +117,7 @@ def _gated_expand_kernel(
     R_GATE,
     R_UP,
     R_DOWN,
+    prefetch_rows,
     stride_sm,
     stride_sr,
     stride_gr,
@@ -133,6 +142,8 @@ def _gated_expand_kernel(
     UPCAST_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
     GDC: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,
+    PER_LINE: tl.constexpr,
 ):
     """One (BLOCK_M × BLOCK_N) tile of ``h = act(strip[:, :R_GATE]·V_g) · (strip[:, R_GATE:]·V_u)``.
 
@@ -145,12 +156,21 @@ def _gated_expand_kernel(
     a split-K over the intermediate dimension that reads U_down exactly once, spread over the same
     programs that stream V_g and V_u, and keeps ``h`` on chip. Atomics cost M·R_DOWN per program,
     negligible next to the weight bytes for M ≤ 16 (their order makes the last bits vary run to run).
-    GDC: as in :func:`svdmlp.kernels.matmul._matmul_kernel`.
+    GDC: as in :func:`svdmlp.kernels.matmul._matmul_kernel`, the first ``prefetch_rows`` rows of the
+    V_g and V_u slabs asked of L2 before the wait.
     """
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     if GDC:
         gdc_launch_dependents()
+        if prefetch_rows > 0:
+            first = pid_n * BLOCK_N
+            prefetch_l2(
+                gate_v_ptr + first * stride_gn, prefetch_rows, stride_gr, BLOCK_R, PREFETCH_LINES, PER_LINE
+            )
+            prefetch_l2(
+                up_v_ptr + first * stride_gn, prefetch_rows, stride_ur, BLOCK_R, PREFETCH_LINES, PER_LINE
+            )
         gdc_wait()
-    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
@@ -262,6 +282,8 @@ def gated_expand(
         m, n, gate_v_t.dtype, configs.sm_count(strip.device), interpreted, fuse_down
     )
     programs = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
+    lines, per_line = prefetch_lines(tiles.block_n, gate_v_t.dtype)
+    contiguous = gate_v_t.stride(1) == 1 and up_v_t.stride(1) == 1
     # Unused pointer arguments get a tensor of the right kind; the constexpr branch never touches them.
     hidden_arg = hidden if hidden is not None else strip
     down_u_arg = down_u_t if fuse_down else gate_v_t
@@ -278,6 +300,7 @@ def gated_expand(
         r_gate,
         r_up,
         down_u_arg.shape[1] if fuse_down else 0,
+        configs.prefetch_rows(min(r_gate, r_up), gdc and dependent, contiguous),
         strip.stride(0),
         strip.stride(1),
         gate_v_t.stride(0),
@@ -302,6 +325,8 @@ def gated_expand(
         UPCAST_DOT=interpreted,
         PRECISION=dot_precision(gate_v_t.dtype),
         GDC=gdc,
+        PREFETCH_LINES=lines,
+        PER_LINE=per_line,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         launch_pdl=gdc and dependent,

@@ -8,7 +8,16 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from svdmlp.kernels import common, configs
-from svdmlp.kernels.common import dot_f32, dot_precision, gemm_tile, is_interpreted, zero_block, zero_share
+from svdmlp.kernels.common import (
+    dot_f32,
+    dot_precision,
+    gemm_tile,
+    is_interpreted,
+    prefetch_l2,
+    prefetch_lines,
+    zero_block,
+    zero_share,
+)
 
 
 @triton.jit
@@ -21,6 +30,7 @@ def _matmul_kernel(
     N,
     K,
     zero_numel,
+    prefetch_rows,
     stride_am,
     stride_ak,
     stride_bk,
@@ -35,6 +45,8 @@ def _matmul_kernel(
     UPCAST_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
     GDC: tl.constexpr,
+    PREFETCH_LINES: tl.constexpr,
+    PER_LINE: tl.constexpr,
 ):
     """``c = a @ b`` with fp32 accumulation; ``a`` is cast to ``b``'s dtype before each dot.
 
@@ -47,14 +59,18 @@ def _matmul_kernel(
 
     When ZERO_BLOCK > 0, each program also zeroes ZERO_BLOCK elements of ``zero_ptr`` (:func:`zero_share`).
     With GDC (programmatic dependent launch, :func:`svdmlp.kernels.configs.programmatic_launch`) the
-    next launch may start at once, and this one waits for its predecessor before touching memory.
+    next launch may start at once, and this one waits for its predecessor before touching memory,
+    first asking L2 for the first ``prefetch_rows`` rows of its ``b`` slab (:func:`prefetch_l2`).
     """
-    if GDC:
-        gdc_launch_dependents()
-        gdc_wait()
     rows, cols, ks, row_in, col_in, a_ptrs = gemm_tile(
         a_ptr, M, N, stride_am, stride_ak, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M
     )
+    if GDC:
+        gdc_launch_dependents()
+        if prefetch_rows > 0:
+            slab = b_ptr + tl.min(cols, axis=0) * stride_bn
+            prefetch_l2(slab, prefetch_rows, stride_bk, BLOCK_K, PREFETCH_LINES, PER_LINE)
+        gdc_wait()
     b_ptrs = b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn
 
     acc = tl.full((BLOCK_M, BLOCK_N), 0, dtype=tl.float32)
@@ -90,6 +106,7 @@ def matmul(
     gdc = configs.programmatic_launch(b.device, interpreted)
     tiles = configs.matmul_tiles(m, n, k, b.dtype, configs.sm_count(b.device), interpreted)
     programs = triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n)
+    lines, per_line = prefetch_lines(tiles.block_n, b.dtype)
     _matmul_kernel[(programs,)](
         a,
         b,
@@ -99,6 +116,7 @@ def matmul(
         n,
         k,
         0 if zero is None else zero.numel(),
+        configs.prefetch_rows(k, gdc and dependent, b.stride(1) == 1),
         a.stride(0),
         a.stride(1),
         b.stride(0),
@@ -113,6 +131,8 @@ def matmul(
         UPCAST_DOT=interpreted,
         PRECISION=dot_precision(b.dtype),
         GDC=gdc,
+        PREFETCH_LINES=lines,
+        PER_LINE=per_line,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
         launch_pdl=gdc and dependent,
