@@ -139,20 +139,24 @@ def test_grams_do_not_depend_on_how_many_rows_are_gathered_per_update(monkeypatc
             )
 
 
+def _uniform(rows: int, seed: int) -> torch.Tensor:
+    return torch.rand(rows, 1, generator=torch.Generator().manual_seed(seed))
+
+
 def test_sample_draws_each_token_as_often_as_its_probability():
     probabilities = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0]).repeat(20000, 1)
-    draws = output_grams.sample(probabilities, torch.Generator().manual_seed(0))
+    draws = output_grams.sample(probabilities, _uniform(len(probabilities), 0))
     counts = torch.bincount(draws, minlength=5).double() / len(draws)
     assert counts[1] == 0 and counts[4] == 0  # probability zero, first and last: never drawn
     torch.testing.assert_close(counts, probabilities[0].double(), rtol=0, atol=0.01)
 
 
-def test_sample_is_seeded_and_takes_unnormalised_rows():
+def test_sample_follows_its_draws_and_takes_unnormalised_rows():
     probabilities = torch.rand(50, 300, generator=torch.Generator().manual_seed(1))
-    first = output_grams.sample(probabilities, torch.Generator().manual_seed(2))
-    again = output_grams.sample(probabilities, torch.Generator().manual_seed(2))
-    other = output_grams.sample(probabilities, torch.Generator().manual_seed(3))
-    scaled = output_grams.sample(probabilities * 7, torch.Generator().manual_seed(2))
+    first = output_grams.sample(probabilities, _uniform(50, 2))
+    again = output_grams.sample(probabilities, _uniform(50, 2))
+    other = output_grams.sample(probabilities, _uniform(50, 3))
+    scaled = output_grams.sample(probabilities * 7, _uniform(50, 2))
     assert torch.equal(first, again) and not torch.equal(first, other) and torch.equal(first, scaled)
     assert first.dtype == torch.int64 and first.shape == (50,) and int(first.max()) < 300
 

@@ -111,24 +111,35 @@ class OutputGrams:
         return cls(gate=square(inter), up=square(inter), down=square(hidden))
 
 
-def _loss(logits: torch.Tensor, batch: torch.Tensor, loss: str, generator: torch.Generator) -> torch.Tensor:
-    """The summed cross-entropy whose gradients the Grams collect (see the module docstring)."""
-    if loss == "labels":
-        flat = logits[:, :-1].float().reshape(-1, logits.shape[-1])
-        return F.cross_entropy(flat, batch[:, 1:].reshape(-1), reduction="sum")
-    flat = logits.float().reshape(-1, logits.shape[-1])
-    with torch.no_grad():
-        targets = sample(flat.softmax(-1), generator)
-    return F.cross_entropy(flat, targets, reduction="sum")
+def _loss(batch: torch.Tensor, loss: str, generator: torch.Generator):
+    """The summed cross-entropy whose gradients the Grams collect (see the module docstring), of the
+    windows ``batch (B, L)``: as ``loss(logits, positions)``, the part from a block of positions
+    (:func:`~svdmlp.compression.layer_inputs.head_gradient`). The sampled loss's uniform draws are made
+    for the whole batch first, one per token in row-major order, so that the blocks draw what one pass
+    over the whole logits drew."""
+    length = batch.shape[1]
+    uniform = torch.rand(batch.numel(), 1, generator=generator).reshape(batch.shape)
+
+    def block(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if loss == "labels":  # the next token's; the last position has none
+            positions = positions[positions < length - 1]
+            flat = logits[:, : len(positions)].float().reshape(-1, logits.shape[-1])
+            return F.cross_entropy(flat, batch[:, positions + 1].reshape(-1), reduction="sum")
+        flat = logits.float().reshape(-1, logits.shape[-1])
+        with torch.no_grad():
+            targets = sample(flat.softmax(-1), uniform[:, positions.cpu()].reshape(-1, 1))
+        return F.cross_entropy(flat, targets, reduction="sum")
+
+    return block
 
 
-def sample(probabilities: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One draw from each row of ``probabilities (rows, vocab)``, by inverting its cumulative sum at a
-    uniform draw of ``generator`` (a CPU generator; the draws are made there and moved to the rows'
-    device). ``torch.multinomial`` does the same work about 9 times slower on CPU (1.9 s against 0.2 s
-    for 513 rows of Qwen's 151,936 tokens), which was a minute of a 32-window Qwen calibration."""
+def sample(probabilities: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One draw from each row of ``probabilities (rows, vocab)``, by inverting its cumulative sum at
+    ``uniform (rows, 1)``, draws in [0, 1) (made on the CPU by a seeded generator and moved to the
+    rows' device). ``torch.multinomial`` does the same work about 9 times slower on CPU (1.9 s against
+    0.2 s for 513 rows of Qwen's 151,936 tokens), which was a minute of a 32-window Qwen calibration."""
     cumulative = probabilities.cumsum(-1)
-    uniform = torch.rand(len(probabilities), 1, generator=generator).to(cumulative.device)
+    uniform = uniform.to(cumulative.device)
     # right=True: the first token whose cumulative probability exceeds the draw, so that a token of
     # probability zero is never drawn; the clamp covers a draw above a total rounded below 1.
     drawn = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)
@@ -195,16 +206,9 @@ def collect_output_grams(
     try:
         for p in parameters:
             p.requires_grad_(False)
-        head = [model.get_input_embeddings(), model.get_output_embeddings()]
-        with lazy.held(model, *[module for module in head if module is not None]):
+        with lazy.held(model, model.get_output_embeddings()):
             gradients = [
-                head_gradient(
-                    model,
-                    spec,
-                    ids.to(device),
-                    batch.hidden,
-                    lambda logits, ids=ids: _loss(logits, ids.to(device), loss, generator),
-                )[1]
+                head_gradient(model, spec, batch.hidden, _loss(ids.to(device), loss, generator))[1]
                 for ids, batch in zip(windows.split(batch_size), batches, strict=True)
             ]
         order = range(len(layers) - 1, first - 1, -1)

@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from svdmlp import arch, lazy, lowrank
-from svdmlp.compression.layer_inputs import capture, head_gradient_by_rows, input_gradient, run_layer
+from svdmlp.compression.layer_inputs import capture, head_gradient, input_gradient, run_layer
 from svdmlp.compression.sensitivity import block_kl, log_prob_blocks
 from svdmlp.config import LoraSpec
 
@@ -385,8 +385,13 @@ class _OnDisk:
                     inputs.append(hidden)
                     hidden = run_layer(layer, hidden, batch.kwargs[index])
         with lazy.held(self.model, self.model.get_output_embeddings()):  # read once for all its rows
-            loss, gradient = head_gradient_by_rows(
-                self.model, self.spec, hidden, lambda logits, rows: token_kl(logits, target[:, rows])
+            # The KL is a mean over the window's tokens: each block of rows adds its share of it.
+            share = 1 / ids.shape[1]
+            loss, gradient = head_gradient(
+                self.model,
+                self.spec,
+                hidden,
+                lambda logits, rows: token_kl(logits, target[:, rows]) * (len(rows) * share),
             )
         if not math.isfinite(loss):
             return loss
