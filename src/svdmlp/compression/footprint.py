@@ -253,9 +253,7 @@ def predict(
     h, i, vocab = shapes.hidden, shapes.inter, shapes.vocab
     calibration = config.calibration
     tokens = calibration.num_samples * (calibration.seq_len + 1)
-    window = calibration.seq_len + 1
     layer = shapes.layer_params * F32
-    embedding = vocab * h * F32 * (1 if shapes.tied else 2)
     model = BASE_BYTES + (0 if on_disk else shapes.params * F32)
     hidden_states = tokens * h * F32
     input_grams = (h * h + i * i) * F64
@@ -282,9 +280,11 @@ def predict(
     if fisher:
         # On disk: one layer's Grams, and the float32 copy of one of them as it is spilled.
         held = output_grams + i * i * F32 if on_disk else compressed * output_grams
-        head = (embedding if on_disk else 0) + window * vocab * F32 * LOGIT_COPIES
+        # The head's gradient: the output embedding and a few rows of logits at a time
+        # (layer_inputs.head_gradient), beside the windows' hidden states and their gradients.
+        head = (vocab * h * F32 if on_disk else 0) + KL_ROWS * vocab * F32 * LOGIT_COPIES
         gathered = GRAM_ROWS * (2 * i + h) * F32  # the gradients' rows waiting for their Grams' update
-        memory["calibration"] = model + max(head, layer + held + gathered + 2 * hidden_states)
+        memory["calibration"] = model + 2 * hidden_states + max(head, layer + held + gathered)
         seconds["calibration"] = 3 * forward / speed.f32 + compressed * grams(i, i, h)
     # Per layer: its input Grams' accumulation, the roots of its Grams (input, and output with fisher),
     # and each projection's weighting, SVD and return through the roots.
