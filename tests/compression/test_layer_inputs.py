@@ -30,11 +30,12 @@ def _whole_head_gradient(model, spec, ids, hidden, loss):
 
 
 @pytest.mark.parametrize("model_type", sorted(ARCH_CONFIGS))
-def test_the_head_gradient_by_rows_is_the_whole_head_gradient(model_type, tokenizer):
-    # The head's gradient is taken a few rows at a time (its logits never whole in memory); 37
+def test_the_head_gradient_by_rows_is_the_whole_head_gradient(model_type, tokenizer, monkeypatch):
+    # The head's gradient is taken a block of rows at a time (its logits never whole in memory); 37
     # positions of 2 windows: blocks of 16 rows, the last one short. Softcapping (Gemma) included.
     torch.manual_seed(0)
     model = tiny_model(model_type, num_hidden_layers=2)
+    monkeypatch.setattr(layer_inputs, "LOGIT_BLOCK_BYTES", 16 * model.config.vocab_size * 4 * 2)
     spec = arch.resolve(model.config.model_type)
     hidden = torch.randn(2, 37, model.config.hidden_size)
     ids = torch.randint(0, model.config.vocab_size, (2, 37))
@@ -48,13 +49,14 @@ def test_the_head_gradient_by_rows_is_the_whole_head_gradient(model_type, tokeni
 
 
 @pytest.mark.parametrize("loss", ["sampled", "labels"])
-def test_the_fisher_loss_by_rows_is_the_whole_windows_loss(loss):
+def test_the_fisher_loss_by_rows_is_the_whole_windows_loss(loss, monkeypatch):
     """The calibration's cross-entropy, block by block, draws and sums what one pass over the whole
     logits would (the draws made for the whole batch first)."""
     from svdmlp.compression import output_grams
 
     torch.manual_seed(0)
     model = tiny_model("qwen2", num_hidden_layers=2)
+    monkeypatch.setattr(layer_inputs, "LOGIT_BLOCK_BYTES", 16 * model.config.vocab_size * 4 * 2)
     spec = arch.resolve("qwen2")
     hidden = torch.randn(2, 37, model.config.hidden_size)
     ids = torch.randint(0, model.config.vocab_size, (2, 37))
@@ -75,3 +77,9 @@ def test_the_fisher_loss_by_rows_is_the_whole_windows_loss(loss):
     )
     assert by_rows == pytest.approx(whole, rel=1e-5)
     torch.testing.assert_close(gradient, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_a_block_of_logits_is_a_few_rows_of_a_large_vocabulary():
+    assert layer_inputs.block_rows(151936) == 131
+    assert layer_inputs.block_rows(151936, batch=4) == 32
+    assert layer_inputs.block_rows(10**9) == 1

@@ -22,7 +22,7 @@ import torch
 
 from svdmlp.compression import ranks
 from svdmlp.compression.gram import GRAM_BLOCKS, GRAM_ROWS
-from svdmlp.compression.layer_inputs import KL_ROWS
+from svdmlp.compression.layer_inputs import LOGIT_BLOCK_BYTES
 from svdmlp.compression.pipeline import SENSITIVITY_TOKENS
 from svdmlp.config import CompressConfig
 
@@ -282,7 +282,7 @@ def predict(
         held = output_grams + i * i * F32 if on_disk else compressed * output_grams
         # The head's gradient: the output embedding and a few rows of logits at a time
         # (layer_inputs.head_gradient), beside the windows' hidden states and their gradients.
-        head = (vocab * h * F32 if on_disk else 0) + KL_ROWS * vocab * F32 * LOGIT_COPIES
+        head = (vocab * h * F32 if on_disk else 0) + LOGIT_BLOCK_BYTES * LOGIT_COPIES
         gathered = GRAM_ROWS * (2 * i + h) * F32  # the gradients' rows waiting for their Grams' update
         memory["calibration"] = model + 2 * hidden_states + max(head, layer + held + gathered)
         seconds["calibration"] = 3 * forward / speed.f32 + compressed * grams(i, i, h)
@@ -305,7 +305,7 @@ def predict(
         probe = (
             (vocab * h * F32 if on_disk else 0)
             + probe_tokens * vocab * F32
-            + KL_ROWS * vocab * F32 * LOGIT_COPIES
+            + LOGIT_BLOCK_BYTES * LOGIT_COPIES
             + shapes.layers * probe_tokens * h * F32
             + 3 * ((h + i) * rank + h * i) * F32
         )
@@ -331,8 +331,8 @@ def predict(
             layer_factors = 3 * (h + i) * rank * F32
             step = layer + 3 * layer_factors + shapes.layers * (config.lora.seq_len + 1) * h * F32
             # The embeddings and the head are loaded one at a time, for the passes that use them; the
-            # teacher's logits are whole, the student's formed a few rows at a time (layer_inputs.KL_ROWS).
-            logits = teacher_logits + KL_ROWS * vocab * F32 * LOGIT_COPIES * 2
+            # teacher's logits are whole, the student's formed a few rows at a time (layer_inputs.block_rows).
+            logits = teacher_logits + LOGIT_BLOCK_BYTES * LOGIT_COPIES * 2
             memory["healing"] = model + max(vocab * h * F32 + logits, step)
         else:  # the whole model, every factor's gradient and AdamW state, the logits, and what
             # autograd keeps of every layer (attention probabilities, a few activations per width)

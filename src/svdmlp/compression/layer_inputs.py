@@ -119,10 +119,17 @@ def head_only(model: nn.Module, spec: arch.ArchSpec, hidden: torch.Tensor) -> It
         yield
 
 
-# Rows of next-token logits formed at once where a loss is a mean over tokens (KL terms included): a few
-# MB of temporaries for a 152k vocabulary, where one whole (tokens, vocab) float32 tensor of a 512-token
-# window is 311 MB and a KL's gradient needs about five of them.
-KL_ROWS = 32
+# Bytes of one float32 copy of the block of next-token logits formed at once (:func:`logits_by_rows`):
+# 138 rows of a 152k vocabulary, where one whole (tokens, vocab) copy of a 512-token window is 311 MB and a
+# loss's gradient needs about four. Each block re-reads the head's weight, so blocks much smaller cost
+# time: on Qwen's 152k × 896 head (2 CPU cores), 32 rows took a window's head gradient 2.8x as long as
+# whole logits, 128 rows 1.5x (BENCHMARKS.md, session 16).
+LOGIT_BLOCK_BYTES = 80 * 10**6
+
+
+def block_rows(vocab: int, batch: int = 1) -> int:
+    """Token positions per block of logits (:data:`LOGIT_BLOCK_BYTES` over ``batch`` windows)."""
+    return max(1, LOGIT_BLOCK_BYTES // (vocab * 4 * batch))
 
 
 def head_gradient(
@@ -131,7 +138,7 @@ def head_gradient(
     """A loss of the last decoder layer's output ``hidden`` and its gradient there, for a loss that is
     a sum over token positions: ``loss(logits, positions)`` is the part of it from those positions.
 
-    The head runs on about :data:`KL_ROWS` rows at a time, so the logits of all tokens are never whole
+    The head runs on a block of rows at a time (:func:`block_rows`), so the logits of all tokens are never whole
     in memory (a 512-token window of a 152k vocabulary: 311 MB per float32 copy; distillation's step
     of a 1.5B model rose 1.6 GB above the rest of it there, the calibration's Fisher of the 0.5B model
     about 1 GB). Only the output embedding is read: the input goes in as embeddings.
@@ -147,9 +154,9 @@ def head_gradient(
 
 
 def logits_by_rows(model: nn.Module, hidden: torch.Tensor) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Inside :func:`head_only` for ``hidden``: ``(positions, logits)`` of about :data:`KL_ROWS` rows
+    """Inside :func:`head_only` for ``hidden``: ``(positions, logits)`` of a block of rows (:func:`block_rows`)
     of tokens at a time, in order, from the model's own final norm, head and logit transforms."""
-    step = max(1, KL_ROWS // hidden.shape[0])
+    step = block_rows(model.get_output_embeddings().out_features, hidden.shape[0])
     for start in range(0, hidden.shape[1], step):
         positions = torch.arange(start, min(start + step, hidden.shape[1]), device=hidden.device)
         # inputs_embeds: the embedding is neither read nor used; the stand-in layers return ``hidden``
