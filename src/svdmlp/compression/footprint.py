@@ -233,6 +233,11 @@ def _svd_bytes(rows: int, cols: int) -> float:
     return (4 * m * n + 8 * n * n) * F64
 
 
+def _logit_block(tokens: int, vocab: int) -> float:
+    """One float32 copy of a block of logits (``layer_inputs.block_rows``): at most a window's whole."""
+    return min(LOGIT_BLOCK_BYTES, tokens * vocab * F32)
+
+
 def _strip_bytes(n: int) -> float:
     """One strip of a Gram's update (``gram.accumulate_gram``): its float32 product and float64 copy."""
     return n * math.ceil(n / GRAM_BLOCKS) * (F32 + F64)
@@ -253,6 +258,7 @@ def predict(
     h, i, vocab = shapes.hidden, shapes.inter, shapes.vocab
     calibration = config.calibration
     tokens = calibration.num_samples * (calibration.seq_len + 1)
+    window = calibration.seq_len + 1
     layer = shapes.layer_params * F32
     model = BASE_BYTES + (0 if on_disk else shapes.params * F32)
     hidden_states = tokens * h * F32
@@ -282,7 +288,7 @@ def predict(
         held = output_grams + i * i * F32 if on_disk else compressed * output_grams
         # The head's gradient: the output embedding and a few rows of logits at a time
         # (layer_inputs.head_gradient), beside the windows' hidden states and their gradients.
-        head = (vocab * h * F32 if on_disk else 0) + LOGIT_BLOCK_BYTES * LOGIT_COPIES
+        head = (vocab * h * F32 if on_disk else 0) + _logit_block(window, vocab) * LOGIT_COPIES
         gathered = GRAM_ROWS * (2 * i + h) * F32  # the gradients' rows waiting for their Grams' update
         memory["calibration"] = model + 2 * hidden_states + max(head, layer + held + gathered)
         seconds["calibration"] = 3 * forward / speed.f32 + compressed * grams(i, i, h)
@@ -305,7 +311,7 @@ def predict(
         probe = (
             (vocab * h * F32 if on_disk else 0)
             + probe_tokens * vocab * F32
-            + LOGIT_BLOCK_BYTES * LOGIT_COPIES
+            + _logit_block(probe_tokens, vocab) * LOGIT_COPIES
             + shapes.layers * probe_tokens * h * F32
             + 3 * ((h + i) * rank + h * i) * F32
         )
@@ -332,7 +338,7 @@ def predict(
             step = layer + 3 * layer_factors + shapes.layers * (config.lora.seq_len + 1) * h * F32
             # The embeddings and the head are loaded one at a time, for the passes that use them; the
             # teacher's logits are whole, the student's formed a few rows at a time (layer_inputs.block_rows).
-            logits = teacher_logits + LOGIT_BLOCK_BYTES * LOGIT_COPIES * 2
+            logits = teacher_logits + _logit_block(config.lora.seq_len + 1, vocab) * LOGIT_COPIES * 2
             memory["healing"] = model + max(vocab * h * F32 + logits, step)
         else:  # the whole model, every factor's gradient and AdamW state, the logits, and what
             # autograd keeps of every layer (attention probabilities, a few activations per width)
