@@ -120,7 +120,7 @@ def head_only(model: nn.Module, spec: arch.ArchSpec, hidden: torch.Tensor) -> It
 
 
 # Bytes of one float32 copy of the block of next-token logits formed at once (:func:`logits_by_rows`):
-# 138 rows of a 152k vocabulary, where one whole (tokens, vocab) copy of a 512-token window is 311 MB and a
+# 131 rows of a 152k vocabulary, where one whole (tokens, vocab) copy of a 512-token window is 311 MB and a
 # loss's gradient needs about four. Each block re-reads the head's weight, so blocks much smaller cost
 # time: on Qwen's 152k × 896 head (2 CPU cores), 32 rows took a window's head gradient 2.8x as long as
 # whole logits, 128 rows 1.5x (BENCHMARKS.md, session 16).

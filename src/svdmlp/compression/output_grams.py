@@ -121,7 +121,7 @@ def _loss(batch: torch.Tensor, loss: str, generator: torch.Generator):
     uniform = torch.rand(batch.numel(), 1, generator=generator).reshape(batch.shape)
 
     def block(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if loss == "labels":  # the next token's; the last position has none
+        if loss == "labels":  # the next token's; the last position (a block's last row) has none
             positions = positions[positions < length - 1]
             flat = logits[:, : len(positions)].float().reshape(-1, logits.shape[-1])
             return F.cross_entropy(flat, batch[:, positions + 1].reshape(-1), reduction="sum")

@@ -168,7 +168,7 @@ def _gated_expand_kernel(
                 gate_v_ptr + first * stride_gn, prefetch_rows, stride_gr, BLOCK_R, PREFETCH_LINES, PER_LINE
             )
             prefetch_l2(
-                up_v_ptr + first * stride_gn, prefetch_rows, stride_ur, BLOCK_R, PREFETCH_LINES, PER_LINE
+                up_v_ptr + first * stride_un, prefetch_rows, stride_ur, BLOCK_R, PREFETCH_LINES, PER_LINE
             )
         gdc_wait()
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
