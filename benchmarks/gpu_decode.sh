@@ -37,7 +37,7 @@ if [ "$DRY" = 1 ]; then
 fi
 
 echo "== bench e2e, decode step compiled ($COMPILE_MODE), batch 1, no HF baseline (cut at ${E2E_TIMEOUT}s)"
-timeout "$E2E_TIMEOUT" "$PYTHON" -m svdmlp bench e2e "${E2E_ARGS[@]}" --no-hf --compile "$COMPILE_MODE" \
+timeout "$E2E_TIMEOUT" "$PYTHON" -m svdmlp bench e2e "${E2E_ARGS[@]}" --no-hf --compile-mode "$COMPILE_MODE" \
     --json "$OUT/e2e-compiled.json" 2>&1 | tee "$OUT/e2e-compiled.txt"
 status=${PIPESTATUS[0]}
 echo "compiled bench exit status: $status (124 = cut by the timeout)"

@@ -119,14 +119,15 @@ def test_a_keep_list_that_is_not_numbers_is_a_usage_error(model_dir, capsys):
 
 
 def test_the_compile_mode_reaches_every_engine(model_dir, monkeypatch):
-    """``--compile max-autotune`` compiles each engine's step in that mode; the command line offers
+    """``--compile-mode max-autotune`` compiles each engine's step in that mode; the command line offers
     exactly the engine's modes."""
     from svdmlp.cli import build_parser, options
     from svdmlp.engine.engine import COMPILE_MODES
 
-    args = build_parser().parse_args(["bench", "e2e", str(model_dir), "--compile", "max-autotune"])
-    assert args.compile == "max-autotune"
-    assert build_parser().parse_args(["bench", "e2e", "--compile"]).compile == "default"
+    args = build_parser().parse_args(["bench", "e2e", str(model_dir), "--compile-mode", "max-autotune"])
+    assert options.compile_mode(args) == "max-autotune"
+    assert options.compile_mode(build_parser().parse_args(["bench", "e2e", "--compile", "m"])) == "default"
+    assert options.compile_mode(build_parser().parse_args(["bench", "e2e"])) is None
     assert set(options.COMPILE_MODES) == set(COMPILE_MODES)
 
     built = []

@@ -267,7 +267,7 @@ def run_e2e(args: argparse.Namespace) -> options.Outcome:
         backend=args.backend,
         hf_baseline=not args.no_hf,
         price_per_hour=args.price,
-        compile=args.compile,
+        compile=options.compile_mode(args),
         factor_bits=args.factor_bits,
     )
     environment = describe(device)

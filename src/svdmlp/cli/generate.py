@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.temperature is not None and args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.compile and args.engine == "hf":
+    mode = options.compile_mode(args)
+    if mode is not None and args.engine == "hf":
         raise ValueError("--compile compiles the fast engine's decode step; --engine hf has none")
     device, dtype = options.runtime(args)
     model, tokenizer, _ = checkpoint.load_any(args.target, args.backend, dtype, device)
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
         new = _hf_generate(model, prompt, sampling, args.max_new_tokens, tokenizer.eos_token_id)
         stream.push(new)
     else:
-        compiled = {"compile": True, "compile_mode": args.compile} if args.compile else {}
+        compiled = {} if mode is None else {"compile": True, "compile_mode": mode}
         result = Engine(model, max_batch=1, **compiled).generate(
             [prompt],
             args.max_new_tokens,

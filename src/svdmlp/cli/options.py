@@ -334,18 +334,28 @@ COMPILE_MODES = ("default", "max-autotune")
 
 
 def add_compile(parser: argparse.ArgumentParser, what: str) -> None:
-    """``--compile [MODE]``: compile the engine's decode step (``Engine(compile=..., compile_mode=...)``)."""
+    """``--compile`` and ``--compile-mode MODE`` (which implies it): the engine's decode step compiled
+    (``Engine(compile=..., compile_mode=...)``; read with :func:`compile_mode`)."""
     parser.add_argument(
         "--compile",
-        nargs="?",
-        const="default",
-        default=None,
-        choices=COMPILE_MODES,
-        metavar="MODE",
+        action="store_true",
         help=f"torch.compile {what} decode step (full graph, static shapes) before it is captured: on a "
-        "GPU about 40%% less time per token, after 20-40 s of compiling; MODE max-autotune also times "
-        "inductor's matmul kernels against cuBLAS for each of its shapes (minutes more; default: default)",
+        "GPU about 40%% less time per token, after 20-40 s of compiling",
     )
+    parser.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        default=None,
+        help="implies --compile; max-autotune also times inductor's matmul kernels against cuBLAS for each "
+        "of the step's shapes (minutes more to compile; default: default)",
+    )
+
+
+def compile_mode(args: argparse.Namespace) -> str | None:
+    """The engine's compile mode the flags ask for, or None for no compiling."""
+    if args.compile_mode is not None:
+        return args.compile_mode
+    return "default" if args.compile else None
 
 
 def add_json(parser: argparse.ArgumentParser, what: str) -> None:
