@@ -3,7 +3,9 @@ stack (py-spy) each time the peak grows by a step, so the stack at the final pea
 
     python benchmarks/peak_memory.py --out trace/ -- svdmlp compress qwen2.5-coder-1.5b --keep 0.8 ...
 
-Writes to ``--out``: ``rss.tsv`` (seconds, RSS in MB of 10^6 bytes, the last line the command printed to stderr),
+Writes to ``--out``: ``rss.tsv`` (seconds, RSS in MB of 10^6 bytes and its two parts: anonymous memory, and
+file pages mapped in such as a memory-mapped safetensors file's, which the kernel can drop; the last line
+the command printed to stderr),
 ``stderr.log`` and ``stdout.log`` (the command's), and ``peak-NN.txt`` (the stack at each new peak);
 prints the peak and its stack at the end. ``VmHWM`` (what ``/usr/bin/time -v`` reports) can be above
 the largest sample: a spike shorter than the sampling interval is seen only there, and the summary says so.
@@ -22,12 +24,12 @@ from pathlib import Path
 
 
 def _status(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM of ``pid`` in bytes (empty once it has exited)."""
+    """VmRSS, VmHWM, RssAnon and RssFile of ``pid`` in bytes (empty once it has exited)."""
     values = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
+            if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
                 values[key] = int(rest.split()[0]) * 1024
     except (FileNotFoundError, ProcessLookupError):
         pass
@@ -70,12 +72,13 @@ def main() -> int:
         reader.start()
         peak, peak_at, peak_line, hwm, next_stack, stacks = 0, 0.0, "", 0, 0, 0
         with open(args.out / "rss.tsv", "w") as trace:
-            trace.write("seconds\trss_mb\tlast_stderr\n")
+            trace.write("seconds\trss_mb\tanon_mb\tfile_mb\tlast_stderr\n")
             while child.poll() is None:
                 status = _status(child.pid)
                 rss, hwm = status.get("VmRSS", 0), max(hwm, status.get("VmHWM", 0))
                 now = time.monotonic() - started
-                trace.write(f"{now:.1f}\t{rss / 1e6:.0f}\t{last_line[0]}\n")
+                anon, mapped = status.get("RssAnon", 0), status.get("RssFile", 0)
+                trace.write(f"{now:.1f}\t{rss / 1e6:.0f}\t{anon / 1e6:.0f}\t{mapped / 1e6:.0f}\t{last_line[0]}\n")
                 trace.flush()  # readable while the command runs
                 if rss > peak:
                     peak, peak_at, peak_line = rss, now, last_line[0]

@@ -1,9 +1,11 @@
 """Models whose layers stay on disk: the same outputs and the same compression as in memory, one
 layer loaded at a time, and nothing half-written when a run stops."""
 
+import gc
 import json
 import os
 import signal
+import weakref
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ import torch
 from conftest import ARCH_CONFIGS, SAMPLE_TEXT, assert_cli_error, run_cli, snapshot, tiny_model
 from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.cli import main
-from svdmlp.compression import factorise, pipeline, sensitivity
+from svdmlp.compression import factorise, pipeline, sensitivity, sequential
 from svdmlp.compression.heal import distill
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 
@@ -153,6 +155,40 @@ def test_one_layer_of_a_model_on_disk_is_in_memory_at_a_time(tokenizer, tmp_path
     )
     assert 0 < peak[0] <= layer_elements + embedding  # the layer compressed (and the resident norms)
     assert len(list(scratch.iterdir())) == 3  # each layer written as it was made
+
+
+def test_one_layer_s_grams_and_inputs_are_alive_at_a_time(tokenizer, tmp_path, monkeypatch):
+    # A layer's Grams (inter² float64: 0.64 GB at Qwen2.5-Coder-1.5B's width) and closed form's MLP inputs
+    # must be freed before the next layer's are made, in the allocation's dense walk and the sequential
+    # pass alike, and none may outlive the factorisation into distillation.
+    _saved("llama", tokenizer, tmp_path / "model")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    model, _, _ = models.load_lazy(str(tmp_path / "model"), scratch=scratch)
+    made, alive_at = [], []
+    calibrate = sequential._calibrate_layer
+
+    def alive() -> int:
+        gc.collect()
+        return sum(ref() is not None for ref in made)
+
+    def watched(*args, **kwargs):
+        alive_at.append(alive())
+        grams, inputs = calibrate(*args, **kwargs)
+        made.extend(weakref.ref(t) for t in [grams.gate_up, grams.down, *(inputs or [])])
+        return grams, inputs
+
+    heal = distill.distill
+
+    def healing(*args, **kwargs):
+        alive_at.append(alive())
+        return heal(*args, **kwargs)
+
+    monkeypatch.setattr(sequential, "_calibrate_layer", watched)
+    monkeypatch.setattr(distill, "distill", healing)
+    pipeline.compress(model, tokenizer, _config(), calibration_text=SAMPLE_TEXT, progress=False)
+    assert len(made) > 2 * 3 * 2  # both walks over the three layers, closed form's inputs kept
+    assert alive_at == [0] * 7  # six layer walks, then distillation
 
 
 def test_the_dense_teacher_keeps_no_layer_loaded(tokenizer, tmp_path, monkeypatch):

@@ -314,6 +314,7 @@ def compress(
             done_by_index[index] = factorise.layer(model, spec, index, planned[index], layer_grams, inputs)
             if collected_here:
                 _discard(outputs.get(index))
+            del layer_grams, inputs  # before the walk makes the next layer's
             factorised += time.perf_counter() - begun
             previous = index
         stored(previous)
@@ -334,9 +335,8 @@ def compress(
         elif index in done_by_index:
             records.append(done_by_index[index])
         else:
-            layer_grams = grams.pop(index, None)  # free each layer's Grams as soon as it is done
-            with lazy.held(model, layers[index]):
-                records.append(factorise.layer(model, spec, index, planned[index], layer_grams))
+            with lazy.held(model, layers[index]):  # each layer's Grams freed as soon as it is done
+                records.append(factorise.layer(model, spec, index, planned[index], grams.pop(index, None)))
             done_by_index[index] = records[-1]
             stored(index)
             if collected_here:
@@ -420,6 +420,7 @@ def _dense_layers(model, spec, tokens, indices, outputs):
         layer_grams.outputs = outputs.get(index)
         layer_grams.keep_whitenings = lazy.of(model) is None
         yield index, layer_grams
+        del layer_grams  # before the walk makes the next layer's
 
 
 def _discard(output_grams) -> None:

@@ -40,5 +40,6 @@ def quantize_dense_mlps(
             weight = getattr(mlp, spec.projection(projection)).weight
             tally.replace(weight, *gptq(weight.float(), grams.input_gram(projection), how))
         lazy.store(model, layers[index])  # held by the walk, which runs it on as rounded
+        del grams  # before the walk makes the next layer's
     digest = {"calibration_tokens": windows.numel(), "calibration_sha256": tokens_hash(windows)}
     return {**tally.report(), "method": "gptq", **digest}

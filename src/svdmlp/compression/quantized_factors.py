@@ -61,6 +61,7 @@ def quantize_layers(
         for index, inputs in sequential.lowrank_inputs(model, spec, windows, indices, progress=progress):
             store(previous)  # it has run on the calibration windows as quantized: written, dropped
             tally(list(inputs), lambda m, inputs=inputs: [_quantize_calibrated(m, inputs[m], how)])
+            del inputs  # before the walk runs the next layer
             previous = index
         store(previous)
     report = {

@@ -161,8 +161,9 @@ def allocate(
     layers = list((measured or {}).values())
     decoder_layers = arch.decoder_layers(model, spec)
     total = len(reference) - len(layers)
-    steps = tqdm(grams, total=total, desc="sensitivity", unit="layer", disable=not progress)
-    for index, layer_grams in steps:
+    # A bar updated by hand: iterating through tqdm would hold each layer's Grams until the next's are made.
+    bar = tqdm(total=total, desc="sensitivity", unit="layer", disable=not progress)
+    for index, layer_grams in grams:
         probe = probe or Probe(model, spec, windows)
         planned = reference[index]
         factors, spectra = {}, []
@@ -183,6 +184,9 @@ def allocate(
         layers.append(ranks.LayerSensitivity(index, tuple(spectra), divergence, rank))
         if on_measured is not None:
             on_measured(layers[-1])
+        del layer_grams, factors  # before ``grams`` makes the next layer's
+        bar.update()
+    bar.close()
     layers.sort(key=lambda layer: layer.index)
     allocated = ranks.allocate_layer_ranks(layers, keep, align)
     info = {

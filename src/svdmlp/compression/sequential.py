@@ -78,7 +78,6 @@ def _calibrate_layer(
     return grams, inputs
 
 
-@torch.no_grad()
 def calibrated_layers(
     model: nn.Module,
     spec: arch.ArchSpec,
@@ -115,7 +114,6 @@ def calibrated_layers(
         del grams, inputs
 
 
-@torch.no_grad()
 def lowrank_inputs(
     model: nn.Module,
     spec: arch.ArchSpec,
@@ -151,24 +149,33 @@ def _walk(model, spec, windows, indices, visit, batch_size, progress, desc, dens
 
     ``dense``: carry the dense layer's outputs, which ``visit`` runs the layer for and appends to
     ``outputs`` (a list; None otherwise) before the caller changes it: each layer runs once. Otherwise
-    the layer runs again, as the caller left it."""
+    the layer runs again, as the caller left it.
+
+    Its work runs without autograd, in blocks that end before each ``yield``: ``@torch.no_grad()`` on a
+    generator keeps the last item it yielded until the next is made, so one layer's Grams (0.64 GB at
+    Qwen2.5-Coder-1.5B's width) would stay alive beside the next layer's."""
     if not indices:
         return
     layers = arch.decoder_layers(model, spec)
     last = max(indices)
-    batches = capture(model, spec, windows, last, batch_size)
+    with torch.no_grad():
+        batches = capture(model, spec, windows, last, batch_size)
     wanted = set(indices)
     for index in tqdm(range(last + 1), desc=desc, unit="layer", disable=not progress):
         layer = layers[index]
         with lazy.held(model, layer):  # loaded once for calibration, compression and the run
             dense_outputs = [] if dense and index in wanted and index < last else None
             if index in wanted:
-                yield index, visit(layer, batches, index, dense_outputs)
+                with torch.no_grad():
+                    visited = visit(layer, batches, index, dense_outputs)
+                yield index, visited
+                del visited  # before the next layer's is made
             if index == last:
                 break  # nothing after the last compressed layer needs its inputs
-            for k, batch in enumerate(batches):
-                batch.hidden = (
-                    dense_outputs[k]
-                    if dense_outputs is not None
-                    else run_layer(layer, batch.hidden, batch.kwargs[index])
-                )
+            with torch.no_grad():
+                for k, batch in enumerate(batches):
+                    batch.hidden = (
+                        dense_outputs[k]
+                        if dense_outputs is not None
+                        else run_layer(layer, batch.hidden, batch.kwargs[index])
+                    )
