@@ -78,7 +78,9 @@ def main() -> int:
                 rss, hwm = status.get("VmRSS", 0), max(hwm, status.get("VmHWM", 0))
                 now = time.monotonic() - started
                 anon, mapped = status.get("RssAnon", 0), status.get("RssFile", 0)
-                trace.write(f"{now:.1f}\t{rss / 1e6:.0f}\t{anon / 1e6:.0f}\t{mapped / 1e6:.0f}\t{last_line[0]}\n")
+                trace.write(
+                    f"{now:.1f}\t{rss / 1e6:.0f}\t{anon / 1e6:.0f}\t{mapped / 1e6:.0f}\t{last_line[0]}\n"
+                )
                 trace.flush()  # readable while the command runs
                 if rss > peak:
                     peak, peak_at, peak_line = rss, now, last_line[0]
