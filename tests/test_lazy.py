@@ -310,7 +310,7 @@ def test_a_run_stopped_in_distillation_heals_again_from_the_layers_before_it(
 ):
     root = saved_model
     # A tight --max-memory trains the layers on disk, each step rewriting them; else the model is loaded whole.
-    extra = ["--max-memory", "1"] if where == "on-disk" else []
+    extra = ["--max-memory", "2"] if where == "on-disk" else []
     trainer = distill._OnDisk if where == "on-disk" else distill._InMemory
     assert main(_command(root, root / "whole", *extra)) == 0
     step = trainer.step

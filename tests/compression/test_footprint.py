@@ -36,7 +36,7 @@ def test_shapes_of_a_config_count_the_model():
 def test_a_model_on_disk_needs_a_layer_not_the_model():
     on_disk = footprint.predict(LLAMA_1B, _config(), 2, True, RATES).peak[1]
     in_memory = footprint.predict(LLAMA_1B, _config(), 2, False, RATES).peak[1]
-    assert on_disk < in_memory - LLAMA_1B.params * 4 * 0.9
+    assert in_memory - on_disk > LLAMA_1B.params * 4 * 0.8  # most of the weights, less what the heap keeps
     four = footprint.predict(LLAMA_1B, _config(), 4, True, RATES).peak[1]
     assert four == pytest.approx(on_disk, rel=0.01)  # memory does not grow with the layers compressed
 
@@ -56,6 +56,28 @@ def test_the_shaped_runs_are_predicted_within_a_fifth_of_their_measured_peaks(sh
     config = _config(calibration=CalibrationSpec("general", 5, 512), layers=layers)
     peak = footprint.predict(shapes, config, len(layers), True, RATES).peak[1]
     assert 0.85 * measured * footprint.GB <= peak <= 1.2 * measured * footprint.GB
+
+
+QWEN_05B = footprint.Shapes(
+    hidden=896, inter=4864, layers=24, vocab=151936, layer_params=14_911_232, tied=False, heads=14
+)
+
+
+# svdmlp compress qwen2.5-coder-0.5b --keep 0.8 --calib-samples 5 --no-allocate --heal-steps 5 (BENCHMARKS.md,
+# session 17), each step's measured peak: the first line had said 1.5, 1.3 and 2.1 GB, its base the
+# process after its imports, not what the heap keeps once layers have run (HEAP_RETAINED).
+@pytest.mark.parametrize(
+    ("step", "measured"), [("calibration", 1.67), ("factorisation", 1.84), ("healing", 2.54)]
+)
+def test_each_step_of_the_default_recipe_on_disk_is_predicted_within_a_fifth(step, measured):
+    config = _config(
+        calibration=CalibrationSpec("general", 5, 512),
+        allocation="uniform",
+        heal="closed-form+lora",
+        lora=LoraSpec(5, None, 512, relative_lr=3e-4),
+    )
+    predicted = footprint.predict(QWEN_05B, config, 24, True, RATES).memory[step]
+    assert 0.85 * measured * footprint.GB <= predicted <= 1.2 * measured * footprint.GB
 
 
 def test_distillation_holds_the_whole_model_only_in_memory():
