@@ -158,8 +158,7 @@ def _walk(model, spec, windows, indices, visit, batch_size, progress, desc, dens
         return
     layers = arch.decoder_layers(model, spec)
     last = max(indices)
-    with torch.no_grad():
-        batches = capture(model, spec, windows, last, batch_size)
+    batches = capture(model, spec, windows, last, batch_size)  # itself without autograd
     wanted = set(indices)
     for index in tqdm(range(last + 1), desc=desc, unit="layer", disable=not progress):
         layer = layers[index]
