@@ -4,13 +4,15 @@ ranks allocated from them."""
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 
 import pytest
 import torch
 
 from conftest import ARCH_CONFIGS, VOCAB, tiny_model
 from svdmlp import arch
-from svdmlp.compression import decompose, sensitivity
+from svdmlp.compression import decompose, layer_inputs, sensitivity
 
 NAMES = ("gate", "up", "down")
 
@@ -81,3 +83,46 @@ def test_weights_are_put_back_when_the_probe_fails():
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, before[name]), name
     assert _computes_again(model, spec)
+
+
+def test_one_block_of_the_probed_log_probabilities_is_alive_at_a_time(monkeypatch):
+    # Each block is (rows × vocab) float32, 80 MB at Qwen's vocabulary: the logits it came from and the
+    # block before it must be gone when the next block's logits are made.
+    model, spec, windows = _setup()
+    monkeypatch.setattr(layer_inputs, "LOGIT_BLOCK_BYTES", 4 * model.config.vocab_size * 4)
+    made, alive_at = [], []
+    by_rows = sensitivity.logits_by_rows
+
+    def watched(model, hidden):
+        for positions, logits in by_rows(model, hidden):
+            gc.collect()
+            alive_at.append(sum(ref() is not None for ref in made))
+            made.append(weakref.ref(logits))
+            yield positions, logits
+            del logits
+
+    blocks = sensitivity.log_prob_blocks
+
+    def recorded(*args):
+        for block in blocks(*args):
+            made.append(weakref.ref(block))
+            yield block
+            del block
+
+    monkeypatch.setattr(sensitivity, "logits_by_rows", watched)
+    probe = sensitivity.Probe(model, spec, windows)
+    made.clear(), alive_at.clear()
+    monkeypatch.setattr(sensitivity, "log_prob_blocks", recorded)
+    probe.divergence(1, _truncated(model, spec, 8)(1))
+    assert len(alive_at) > 2 and alive_at == [0] * len(alive_at)
+
+
+def test_block_kl_sums_over_aligned_blocks_and_refuses_misaligned_ones():
+    p = torch.log_softmax(torch.randn(5, 7, dtype=torch.float64), -1)
+    q = torch.log_softmax(torch.randn(5, 7, dtype=torch.float64), -1)
+    expected = float((p.exp() * (p - q)).sum())
+    assert sensitivity.block_kl([p[:3], p[3:]], iter([q[:3], q[3:]])) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="fewer"):
+        sensitivity.block_kl([p[:3], p[3:]], iter([q[:3]]))
+    with pytest.raises(ValueError, match="more"):
+        sensitivity.block_kl([p[:3]], iter([q[:3], q[3:]]))

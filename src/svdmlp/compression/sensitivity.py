@@ -65,7 +65,11 @@ def log_prob_blocks(model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor
     with head_only(model, spec, hidden), lazy.held(model, model.get_output_embeddings()):
         for _, logits in logits_by_rows(model, hidden):
             rows = logits.float().reshape(-1, logits.shape[-1])
-            yield rows - torch.logsumexp(rows, dim=-1, keepdim=True)
+            del logits
+            block = rows - torch.logsumexp(rows, dim=-1, keepdim=True)
+            del rows
+            yield block
+            del block  # a generator holds its locals while the caller works: none is kept for the next block
 
 
 @contextmanager
@@ -99,7 +103,16 @@ class _Replay(nn.Module):
 def block_kl(dense: Iterable[torch.Tensor], blocks: Iterable[torch.Tensor]) -> float:
     """Summed over rows, ``KL(p ‖ q)`` of aligned blocks of log-probabilities (:func:`log_prob_blocks`
     of the dense model and of another, in the same order)."""
-    return sum(float((p.exp() * (p - q)).sum()) for p, q in zip(dense, blocks, strict=True))
+    total, student = 0.0, iter(blocks)
+    for p in dense:  # not zip, whose reused result tuple would hold each block until the next is made
+        q = next(student, None)
+        if q is None:
+            raise ValueError("fewer blocks than the dense model's")
+        total += float((p.exp() * (p - q)).sum())
+        del q
+    if next(student, None) is not None:
+        raise ValueError("more blocks than the dense model's")
+    return total
 
 
 class Probe:
