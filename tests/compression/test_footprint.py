@@ -99,6 +99,20 @@ def test_time_grows_with_the_layers_and_the_line_says_it():
     assert footprint.Rates(1.0, 2.0).root(10) == footprint.ROOT_FLOPS * 1000 / 2.0
 
 
+def test_the_line_says_when_the_cores_were_busy_and_the_time_if_they_free_up():
+    seconds = {"calibration": 3000.0, "factorisation": 600.0}
+    alone = footprint.Footprint({}, seconds, RATES).line()
+    assert "busy" not in alone and "time 60 min" in alone
+    shared = footprint.Footprint({}, seconds, footprint.Rates(RATES.f32, RATES.f64, share=0.25)).line()
+    assert "time 60 min (the cores are busy: this process got 25% of them" in shared
+    assert "at most about 15 min if they free up" in shared
+
+
+def test_the_rates_measured_here_say_what_share_of_the_cores_they_had():
+    rates = footprint.Rates.measure()
+    assert rates.f32 > 0 and rates.f64 > 0 and 0 < rates.share <= 1
+
+
 def test_work_is_timed_at_the_achieved_fraction_of_the_measured_rates(monkeypatch):
     config = _config(heal="closed-form+lora", lora=LoraSpec(16, 3e-5, 512))
     predicted, achieved = footprint.predict(LLAMA_1B, config, 2, True, RATES), footprint.ACHIEVED

@@ -92,30 +92,46 @@ ACHIEVED = 0.67
 GRAM_WORK = (GRAM_BLOCKS + 1) / (2 * GRAM_BLOCKS)
 
 
+# Below this share of its cores while it timed its products, the first line says the cores are busy.
+BUSY_SHARE = 0.75
+
+
 @dataclass(frozen=True)
 class Rates:
-    """This machine's speeds of float32 and float64 matrix products (FLOP/s)."""
+    """This machine's speeds of float32 and float64 matrix products (FLOP/s), as this process got them,
+    and ``share``, the fraction of its threads' time the cores gave it meanwhile (below 1 when other
+    processes had them)."""
 
     f32: float
     f64: float
+    share: float = 1.0
 
     @classmethod
     def measure(cls) -> Rates:
         """Time a 1024³ product in each precision, the fastest of three (about 1 s on 2 cores): one
         product alone was once taken beside another process's burst, and the first line said 21 minutes
-        for a 10-minute run."""
+        for a 10-minute run. A busier neighbour that lasts (a run at a higher priority) slows all three:
+        the process's CPU time against its threads' wall time says by how much. The rate per CPU second
+        is itself lower beside a neighbour (caches and memory shared): 134 GFLOP/s float32 at a share of
+        0.5, 190 alone on the development machine, so the time alone is at most ``share`` of this one."""
+        threads = torch.get_num_threads()
+        shares = []
 
         def rate(matrix: torch.Tensor) -> float:
             matrix @ matrix  # warm up
             fastest = float("inf")
             for _ in range(3):
-                started = time.perf_counter()
+                started, cpu = time.perf_counter(), time.process_time()
                 matrix @ matrix
-                fastest = min(fastest, time.perf_counter() - started)
+                wall = time.perf_counter() - started
+                if wall < fastest:
+                    fastest, share = wall, (time.process_time() - cpu) / (threads * wall)
+            shares.append(share)
             return 2 * matrix.shape[0] ** 3 / fastest
 
         a = torch.randn(1024, 1024)
-        return cls(f32=rate(a), f64=rate(a.double()))
+        f32, f64 = rate(a), rate(a.double())
+        return cls(f32=f32, f64=f64, share=min(1.0, max(shares)))
 
     def root(self, n: int) -> float:
         """Seconds of an ``n × n`` float64 Cholesky root (:class:`~svdmlp.compression.decompose.Whitening`)."""
@@ -123,7 +139,7 @@ class Rates:
 
     def achieved(self) -> Rates:
         """The rates a compression's work reaches on average: :data:`ACHIEVED` of these."""
-        return Rates(self.f32 * ACHIEVED, self.f64 * ACHIEVED)
+        return Rates(self.f32 * ACHIEVED, self.f64 * ACHIEVED, self.share)
 
 
 @dataclass(frozen=True)
@@ -142,6 +158,7 @@ class Footprint:
             "seconds": self.seconds,
             "disk_bytes": self.disk,
             "rates_flops": {"float32": self.rates.f32, "float64": self.rates.f64},
+            "cores_share": self.rates.share,
         }
 
     def without(self, steps: list[str]) -> Footprint:
@@ -179,8 +196,14 @@ class Footprint:
         total = sum(self.seconds.values())
         slowest = max(self.seconds, key=self.seconds.get)
         disk = f", scratch disk {self.disk / GB:.1f} GB" if self.disk >= 0.05 * GB else ""
+        busy = ""
+        if self.rates.share < BUSY_SHARE:
+            busy = (
+                f" (the cores are busy: this process got {self.rates.share:.0%} of them, so the time is "
+                f"at that pace; at most about {_duration(total * self.rates.share)} if they free up)"
+            )
         return (
-            f"predicted: peak memory {peak / GB:.1f} GB ({step}), time {_duration(total)} "
+            f"predicted: peak memory {peak / GB:.1f} GB ({step}), time {_duration(total)}{busy} "
             f"({slowest} {_duration(self.seconds[slowest])}){disk}, from the model's shapes"
         )
 
