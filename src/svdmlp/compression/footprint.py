@@ -199,12 +199,12 @@ class Footprint:
         busy = ""
         if self.rates.share < BUSY_SHARE:
             busy = (
-                f" (the cores are busy: this process got {self.rates.share:.0%} of them, so the time is "
-                f"at that pace; at most about {_duration(total * self.rates.share)} if they free up)"
+                f"; the cores are busy (this process got {self.rates.share:.0%} of them), so the time is "
+                f"at that pace: at most about {_duration(total * self.rates.share)} if they free up"
             )
         return (
-            f"predicted: peak memory {peak / GB:.1f} GB ({step}), time {_duration(total)}{busy} "
-            f"({slowest} {_duration(self.seconds[slowest])}){disk}, from the model's shapes"
+            f"predicted: peak memory {peak / GB:.1f} GB ({step}), time {_duration(total)} "
+            f"({slowest} {_duration(self.seconds[slowest])}){disk}, from the model's shapes{busy}"
         )
 
 
