@@ -226,6 +226,21 @@ def test_a_plan_over_the_memory_allowed_is_refused_before_any_work(compressed, t
     assert not (tmp_path / "out").exists()
 
 
+def test_a_dry_run_prints_each_steps_prediction_and_writes_nothing(compressed, tmp_path, capsys):
+    import json
+
+    model_dir, text, _ = compressed
+    record = tmp_path / "record.json"
+    argv = ["compress", model_dir, "--calib", text, *TINY, "--dry-run", "--out", tmp_path / "out"]
+    code, out, err = run_cli(capsys, *argv, "--json", record)
+    assert code == 0 and err.startswith("svdmlp: predicted: peak memory ")
+    lines = out.splitlines()
+    assert lines[0].split() == ["step", "peak", "memory", "time"]
+    assert any(line.startswith("calibration ") for line in lines) and "GFLOP/s" in out
+    assert json.loads(record.read_text())["predicted"]["memory_bytes"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]  # no checkpoint, no scratch
+
+
 def test_a_plan_whose_scratch_files_do_not_fit_the_disk_is_refused_before_any_work(
     compressed, tmp_path, capsys, monkeypatch
 ):

@@ -28,6 +28,15 @@ def setup(tmp_path, tokenizer, monkeypatch):
     return tiny_sweep_argv(model_dir, text, tmp_path / "out", "0.8,0.5", "whiten,svd"), tmp_path / "out"
 
 
+def test_a_dry_run_predicts_the_compressions_and_writes_nothing(setup, capsys):
+    argv, out = setup
+    assert main([*argv, "--dry-run"]) == 0
+    printed = capsys.readouterr()
+    assert printed.err.startswith("svdmlp: predicted: peak memory ")
+    assert "peak memory  time" in printed.out and "GFLOP/s" in printed.out
+    assert not out.exists()
+
+
 def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, capsys):
     argv, out = setup
     calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")

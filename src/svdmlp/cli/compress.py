@@ -92,6 +92,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "this many GB (default: the memory this machine has available); distillation loads a model "
         "whole, which is faster, where that needs at most a quarter of it",
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print each step's predicted peak memory and time, and the scratch disk, then stop: "
+        "nothing is read but the model's config, nothing written",
+    )
     p.add_argument("--out", required=True, help="checkpoint directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace an existing svdmlp checkpoint at --out")
     options.add_json(p, "the compression report (config, ranks, errors, timings)")
@@ -211,6 +217,9 @@ def run(args: argparse.Namespace) -> options.Outcome:
     out = Path(args.out).expanduser().resolve()
     journal = _journal(args, compress_config, on_disk, out, dtype)
     predicted, resident_healing = _check_footprint(args, compress_config, shapes, on_disk, journal)
+    if args.dry_run:
+        print(predicted.table())
+        return options.Outcome(0, {"config": compress_config.to_dict(), "predicted": predicted.to_dict()})
     started = time.perf_counter()
     save_dtype = getattr(torch, args.save_dtype)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -64,6 +64,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "(one compression per keep; default: 16)",
     )
     options.add_effort(p)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the compressions' predicted peak memory and time by step, then stop (nothing written)",
+    )
     p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
     options.add_perplexity(p, "every built-in held-out domain unless --dataset is given")
     options.add_align(p)
@@ -105,7 +110,10 @@ def run(args: argparse.Namespace) -> options.Outcome:
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
     left = [p for p in points if not runner.point_path(Path(args.out), p).is_file()]
     done = runner.stopped(args.model, left, names, settings, base, Path(args.out), dtype)
-    _print_footprint(shapes, on_disk, left, done, base, settings, len(names))
+    predicted = _print_footprint(shapes, on_disk, left, done, base, settings, len(names))
+    if args.dry_run:
+        print(predicted.table() if predicted else "nothing left to compress")
+        return options.Outcome(0, {"points": [p.name for p in left], "predicted": predicted and predicted.to_dict()})
     texts = runner.Texts(names, lambda tokenizer: options.eval_texts(args, names, tokenizer))
     records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
     sources = [name for name in names if name not in args.dataset]  # names are distinct
@@ -117,9 +125,10 @@ def run(args: argparse.Namespace) -> options.Outcome:
     return options.Outcome(1 if failed else 0, {"report": str(path), "points": records, "failed": failed})
 
 
-def _print_footprint(shapes, on_disk: bool, points, done, base: CompressConfig, settings, texts: int) -> None:
-    """The predicted peak memory and time of the points still to run, less what stopped runs ``done``
-    of each, before any work (to stderr, as compress prints its own)."""
+def _print_footprint(shapes, on_disk: bool, points, done, base: CompressConfig, settings, texts: int):
+    """Print the predicted peak memory and time of the points still to run, less what stopped runs
+    ``done`` of each, before any work (to stderr, as compress prints its own); return that prediction
+    (None: nothing left to compress)."""
     from svdmlp.compression import footprint
 
     # Quantized factors are made from their floating-point point when it runs too; quantizing (and
@@ -130,7 +139,7 @@ def _print_footprint(shapes, on_disk: bool, points, done, base: CompressConfig, 
         if p.method != "dense" and (p.factor_bits == 16 or p.floating not in points)
     ]
     if not compressed:
-        return  # nothing to compress (scoring dense and its baselines is minutes)
+        return None  # nothing to compress (scoring dense and its baselines is minutes)
 
     configs = [replace(base.with_recipe(p.method), keep=p.keep) for p, _ in compressed]
     # Each text is scored on at most max_windows windows; without a limit its length is unknown here.
@@ -145,6 +154,7 @@ def _print_footprint(shapes, on_disk: bool, points, done, base: CompressConfig, 
     print(f"svdmlp: {predicted.line()}{scored}", file=sys.stderr, flush=True)
     for warning in {footprint.thin_calibration(shapes, config) for config in configs} - {None}:
         print(f"svdmlp: {warning}", file=sys.stderr, flush=True)
+    return predicted
 
 
 def with_effort(args: argparse.Namespace, inter: int) -> argparse.Namespace:

@@ -189,6 +189,23 @@ class Footprint:
         remaining = pace * sum(self.seconds[step] for step in left)
         return f"{text}; about {_duration(remaining)} left at this pace ({', '.join(left)})"
 
+    def table(self) -> str:
+        """Each step's predicted peak memory and time, the scratch disk and the rates they were timed
+        at: what ``--dry-run`` prints."""
+        steps = list(dict.fromkeys([*self.memory, *self.seconds]))
+        width = max([len("step"), *map(len, steps)])
+        rows = [f"{'step':<{width}}  peak memory  time"]
+        for step in steps:
+            memory = f"{self.memory[step] / GB:.1f} GB" if step in self.memory else "-"
+            seconds = _duration(self.seconds[step]) if step in self.seconds else "-"
+            rows.append(f"{step:<{width}}  {memory:>11}  {seconds}")
+        rows.append(
+            f"scratch disk {self.disk / GB:.1f} GB at its peak; timed at float32 {self.rates.f32 / 1e9:.0f} "
+            f"and float64 {self.rates.f64 / 1e9:.0f} GFLOP/s (measured now, with {self.rates.share:.0%} "
+            f"of the cores), {ACHIEVED:.0%} of them achieved"
+        )
+        return "\n".join(rows)
+
     def line(self) -> str:
         if not self.seconds:
             return "predicted: every step is done, the checkpoint is left to save"
