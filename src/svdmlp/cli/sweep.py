@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
     predicted = _print_footprint(shapes, on_disk, left, done, base, settings, len(names))
     if args.dry_run:
         print(predicted.table() if predicted else "nothing left to compress")
-        return options.Outcome(0, {"points": [p.name for p in left], "predicted": predicted and predicted.to_dict()})
+        record = {"points": [p.name for p in left], "predicted": predicted.to_dict() if predicted else None}
+        return options.Outcome(0, record)
     texts = runner.Texts(names, lambda tokenizer: options.eval_texts(args, names, tokenizer))
     records = runner.run_sweep(args.model, points, texts, settings, base, args.out, dtype, device)
     sources = [name for name in names if name not in args.dataset]  # names are distinct
