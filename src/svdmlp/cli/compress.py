@@ -96,7 +96,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "--dry-run",
         action="store_true",
         help="print each step's predicted peak memory and time, and the scratch disk, then stop: "
-        "nothing is read but the model's config, nothing written",
+        "of the model only its config is read (a built-in one is still converted and cached on first "
+        "use), nothing is written beside --out",
     )
     p.add_argument("--out", required=True, help="checkpoint directory to write")
     p.add_argument("--overwrite", action="store_true", help="replace an existing svdmlp checkpoint at --out")

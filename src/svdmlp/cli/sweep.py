@@ -67,7 +67,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the compressions' predicted peak memory and time by step, then stop (nothing written)",
+        help="print the compressions' predicted peak memory and time by step, then stop (nothing is "
+        "written to --out)",
     )
     p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
     options.add_perplexity(p, "every built-in held-out domain unless --dataset is given")
