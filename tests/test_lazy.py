@@ -261,6 +261,11 @@ def test_a_run_stopped_between_layers_keeps_the_previous_checkpoint_and_continue
     assert "is kept in " + str(work) in capsys.readouterr().err
     assert sorted(json.loads((work / "progress.json").read_text())["layers"]) == sorted(map(str, calls[:2]))
 
+    journal = (work / "progress.json").read_text()
+    code, _, err = run_cli(capsys, *again, "--dry-run")  # predicts what is left, touches nothing
+    assert code == 0 and f"the prediction is of what is left by the stopped run in {work}" in err
+    assert (work / "progress.json").read_text() == journal
+
     resumed = []
     monkeypatch.setattr(factorise, "layer", lambda *a, **k: resumed.append(a[2]) or layer(*a, **k))
     code, _, err = run_cli(capsys, *again)

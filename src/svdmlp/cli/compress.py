@@ -199,7 +199,8 @@ def _journal(args: argparse.Namespace, compress_config, on_disk: bool, out: Path
     work = out.parent / f".{out.name}.work"
     found = journal.Journal(work, plan)
     if found.summary():
-        print(f"svdmlp: continuing the stopped run in {work}: {found.summary()} done", file=sys.stderr)
+        verb = "the prediction is of what is left by" if args.dry_run else "continuing"
+        print(f"svdmlp: {verb} the stopped run in {work}: {found.summary()} done", file=sys.stderr)
     return found
 
 
