@@ -10,10 +10,10 @@ import weakref
 import pytest
 import torch
 
-from conftest import ARCH_CONFIGS, SAMPLE_TEXT, assert_cli_error, run_cli, snapshot, tiny_model
+from conftest import ARCH_CONFIGS, SAMPLE_TEXT, assert_cli_error, count_calls, run_cli, snapshot, tiny_model
 from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.cli import main
-from svdmlp.compression import factorise, pipeline, sensitivity, sequential
+from svdmlp.compression import factorise, output_grams, pipeline, sensitivity, sequential
 from svdmlp.compression.heal import distill
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 
@@ -303,6 +303,34 @@ def test_a_run_stopped_in_the_allocation_measures_only_the_layers_left(saved_mod
     assert code == 0, err
     assert "calibration, 1 layers' sensitivity done" in err
     assert probed == [1, 2]  # layer 0 was measured before the stop
+    whole, continued = _factors(root / "whole"), _factors(root / "ckpt")
+    assert whole.keys() == continued.keys()
+    for name, tensor in whole.items():
+        torch.testing.assert_close(continued[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_run_stopped_in_the_calibrations_backward_pass_continues_from_its_layer(
+    saved_model, monkeypatch, capsys
+):
+    root = saved_model
+    assert main(_command(root, root / "whole")) == 0
+    through, backward = output_grams._backward_through, []
+
+    def stopped(model, spec, index, *args):
+        if index == 0:
+            raise KeyboardInterrupt
+        backward.append(index)
+        return through(model, spec, index, *args)
+
+    monkeypatch.setattr(output_grams, "_backward_through", stopped)
+    assert main(_command(root, root / "ckpt")) == 130
+    assert backward == [2, 1]
+    monkeypatch.setattr(output_grams, "_backward_through", through)
+    forward = count_calls(monkeypatch, output_grams, "_forward_and_head")
+    code, _, err = run_cli(capsys, *_command(root, root / "ckpt"))
+    assert code == 0, err
+    assert "continuing the stopped run" in err and "the calibration's backward pass down to layer 1" in err
+    assert forward == []  # the hidden states and the head's gradient were kept
     whole, continued = _factors(root / "whole"), _factors(root / "ckpt")
     assert whole.keys() == continued.keys()
     for name, tensor in whole.items():

@@ -175,7 +175,7 @@ def test_scratch_disk_is_the_spilled_grams_and_layers_of_a_model_on_disk():
     h, i = 2048, 8192
     grams = 16 * (2 * i * i + h * h) * 4  # float32, every layer's, as the backward sweep ends
     layers = 16 * (LLAMA_1B.layer_params - 3 * h * i + 3 * (h + i) * 1312) * 4  # keep 0.8's rank, float32
-    hidden_states = 16 * 16 * 513 * h * 4
+    hidden_states = (16 + 1) * 16 * 513 * h * 4  # every layer's inputs and the gradient reached
     assert on_disk.disk == pytest.approx(grams + layers + hidden_states)
     assert "scratch disk" in on_disk.line() and on_disk.to_dict()["disk_bytes"] == on_disk.disk
     assert footprint.predict(LLAMA_1B, config, 16, False, RATES).disk == 0  # in memory: nothing spilled

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from conftest import tiny_model
+from conftest import count_calls, tiny_model
 from svdmlp import arch
 from svdmlp.compression import decompose, gram, output_grams
 
@@ -207,3 +207,70 @@ def test_spilled_grams_give_the_same_grams_to_float32_and_roots_and_are_deleted_
         )
     spilled.discard()
     assert not spilled.path.exists()
+
+
+def test_a_spilled_sweep_stopped_between_layers_continues_where_it_stopped(tmp_path, monkeypatch):
+    model = tiny_model("llama", num_hidden_layers=4)
+    spec = arch.resolve(model.config.model_type)
+
+    def collect(spill):
+        grams = output_grams.collect_output_grams(
+            model, spec, _windows(), [0, 1, 3], progress=False, spill=spill
+        )
+        return {
+            index: {name: entry.gram(name) for name in arch.PROJECTIONS} for index, entry in grams.items()
+        }
+
+    (tmp_path / "whole").mkdir()
+    whole = collect(tmp_path / "whole")
+    through, backward = output_grams._backward_through, []
+
+    def stop_at_layer_1(model, spec, index, *args):
+        if index == 1:
+            raise KeyboardInterrupt
+        backward.append(index)
+        return through(model, spec, index, *args)
+
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    monkeypatch.setattr(output_grams, "_backward_through", stop_at_layer_1)
+    with pytest.raises(KeyboardInterrupt):
+        collect(stopped)
+    assert backward == [3, 2] and output_grams.stopped_at(stopped) == 1
+
+    layers_run = []
+    monkeypatch.setattr(
+        output_grams,
+        "_backward_through",
+        lambda m, s, index, *a: layers_run.append(index) or through(m, s, index, *a),
+    )
+    forward = count_calls(monkeypatch, output_grams, "run_layer")
+    continued = collect(stopped)
+    assert layers_run == [1, 0] and forward == []  # no layer forward again, layers 3 and 2 not again
+    assert output_grams.stopped_at(stopped) is None
+    for index, entry in whole.items():
+        for name, expected in entry.items():
+            torch.testing.assert_close(continued[index][name], expected, rtol=0, atol=0)
+
+
+def test_a_gradient_left_by_another_sweep_is_not_continued(tmp_path, monkeypatch):
+    model = tiny_model("llama")
+    spec = arch.resolve(model.config.model_type)
+    through = output_grams._backward_through
+
+    def stop(model, spec, index, *args):
+        if index == 0:
+            raise KeyboardInterrupt
+        return through(model, spec, index, *args)
+
+    monkeypatch.setattr(output_grams, "_backward_through", stop)
+    with pytest.raises(KeyboardInterrupt):
+        output_grams.collect_output_grams(
+            model, spec, _windows(seed=1), [0, 1], progress=False, spill=tmp_path
+        )
+    assert output_grams.stopped_at(tmp_path) == 0
+    monkeypatch.setattr(output_grams, "_backward_through", through)
+    fresh = output_grams.collect_output_grams(model, spec, _windows(), [0, 1], progress=False, spill=tmp_path)
+    expected = output_grams.collect_output_grams(model, spec, _windows(), [0, 1], progress=False)
+    for index in (0, 1):
+        torch.testing.assert_close(fresh[index].gram("down"), expected[index].gram("down"), rtol=0, atol=1e-6)

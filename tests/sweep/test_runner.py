@@ -9,7 +9,7 @@ import torch
 
 from conftest import SAMPLE_TEXT, count_calls, run_cli, save_tiny_llama, tiny_sweep_argv
 from svdmlp.cli import main
-from svdmlp.compression import factorise, pipeline
+from svdmlp.compression import factorise, output_grams, pipeline
 from svdmlp.evaluate import harness, tasks
 
 RECORDS = [
@@ -218,6 +218,33 @@ def test_quantized_baselines_and_factors_are_points_at_their_bytes(tmp_path, tok
     samples = argv.index("--calib-samples") + 1
     assert main(argv[:samples] + ["2"] + argv[samples + 1 :]) == 2
     assert "dense-int4-gptq.json was made with other compress" in capsys.readouterr().err
+
+
+def test_a_sweep_stopped_in_the_calibrations_backward_pass_keeps_it(tmp_path, tokenizer, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    assert main(tiny_sweep_argv(model_dir, text, tmp_path / "whole", "0.5", "fisher")) == 0
+    out, through = tmp_path / "out", output_grams._backward_through
+    argv = tiny_sweep_argv(model_dir, text, out, "0.5", "fisher")
+
+    def stopped(model, spec, index, *args):
+        if index == 0:
+            raise KeyboardInterrupt
+        return through(model, spec, index, *args)
+
+    monkeypatch.setattr(output_grams, "_backward_through", stopped)
+    assert main(argv) == 130
+    assert output_grams.stopped_at(out / ".calibration") == 0  # kept for the rerun
+    monkeypatch.setattr(output_grams, "_backward_through", through)
+    forward = count_calls(monkeypatch, output_grams, "_forward_and_head")
+    assert main(argv) == 0 and forward == []
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
+    point = "fisher-keep0.5.json"
+    whole = json.loads((tmp_path / "whole" / "points" / point).read_text())
+    continued = json.loads((out / "points" / point).read_text())
+    assert continued["perplexity"] == pytest.approx(whole["perplexity"], rel=1e-5)
 
 
 def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, tokenizer, monkeypatch, capsys):

@@ -316,10 +316,10 @@ def predict(
     # A model on disk writes each compressed layer to the scratch directory (in float32: its attention
     # and its factors at keep's rank) and, with fisher, every layer's output-gradient Grams (float32)
     # and, while they are made, the hidden states entering each layer (deleted as the backward sweep
-    # spills the Grams: counting both whole is an upper bound).
+    # spills the Grams: counting both whole is an upper bound) and the gradient the sweep has reached.
     rank = ranks.rank_for_keep(h, i, config.keep, config.align)
     factors = compressed * (shapes.layer_params - 3 * h * i + 3 * (h + i) * rank) * F32
-    spilled = compressed * (2 * i * i + h * h) * F32 + shapes.layers * tokens * h * F32
+    spilled = compressed * (2 * i * i + h * h) * F32 + (shapes.layers + 1) * tokens * h * F32
     disk = (factors + (spilled if config.needs_output_grams else 0)) if on_disk else 0.0
 
     def grams(*widths: int) -> float:  # seconds of Grams of these widths over the calibration tokens

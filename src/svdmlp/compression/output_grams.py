@@ -181,16 +181,72 @@ def collect_output_grams(
         seed: the seed of the ``"sampled"`` draws.
         spill: a directory where each layer's Grams are kept as soon as they are made
             (:meth:`OutputGrams.spill`): memory then holds one layer's at a time.
+            It also holds the hidden states entering each layer and, after each layer of the
+            backward sweep, the gradient at that layer's input (:data:`GRADIENT_FILE`): a sweep
+            stopped there (a kill, the end of a session) continues from the layer it stopped at
+            when called again with the same arguments, its forward pass not run again.
 
     The model is left as it was found: parameters' ``requires_grad`` and ``.grad``, its hooks, its mode.
     """
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    from svdmlp.compression.calibration import tokens_hash  # (calibration imports this module)
+
     layers = arch.decoder_layers(model, spec)
     first, wanted = min(layer_indices), set(layer_indices)
-    generator = torch.Generator().manual_seed(seed)
     batches = capture(model, spec, windows, len(layers) - 1, batch_size)
     inputs = _LayerInputs(spill)
+    sweep = {"windows": tokens_hash(windows), "loss": loss, "seed": str(seed), "batch": str(batch_size)}
+    sweep |= {"first": str(first), "wanted": ",".join(map(str, sorted(wanted)))}
+    stopped = _stopped_sweep(spill, sweep)
+    parameters = list(model.parameters())
+    requires_grad = [p.requires_grad for p in parameters]
+    try:
+        for p in parameters:
+            p.requires_grad_(False)
+        if stopped is None:
+            gradients = _forward_and_head(
+                model, spec, windows, batches, inputs, first, loss, seed, batch_size, progress
+            )
+            top = len(layers) - 1
+        else:
+            top, gradients = stopped[0], [g.to(batches[0].hidden.device) for g in stopped[1]]
+        grams = {
+            index: OutputGrams(None, None, None, tokens=windows.numel(), path=_grams_path(spill, index))
+            for index in wanted
+            if index > top
+        }
+        order = range(top, first - 1, -1)
+        for index in tqdm(order, desc="output grams (backward)", unit="layer", disable=not progress):
+            gradients = _backward_through(
+                model, spec, index, batches, inputs.take(index, gradients[0].device), gradients, grams, wanted
+            )
+            if spill is not None:
+                if index in grams:
+                    grams[index].spill(_grams_path(spill, index))
+                _save_gradients(spill, gradients, sweep, index - 1)
+                inputs.drop(index)
+    finally:
+        for p, flag in zip(parameters, requires_grad, strict=True):
+            p.requires_grad_(flag)
+    if spill is not None:
+        (Path(spill) / GRADIENT_FILE).unlink(missing_ok=True)
+    return grams
+
+
+# In a spill directory, the gradient at the input of the layer the backward sweep has reached, with
+# what identifies the sweep (its metadata) and the next layer to run back through.
+GRADIENT_FILE = "output-grams-gradient.safetensors"
+
+
+def _grams_path(spill: Path | None, index: int) -> Path | None:
+    return None if spill is None else Path(spill) / f"output-grams-{index:05d}.safetensors"
+
+
+def _forward_and_head(model, spec, windows, batches, inputs, first, loss, seed, batch_size, progress):
+    """Run every layer forward, keeping the hidden states entering those from ``first`` on; the loss
+    gradient at the last layer's output, by batch."""
+    layers = arch.decoder_layers(model, spec)
     forward = tqdm(layers, desc="output grams (forward)", unit="layer", disable=not progress)
     with torch.no_grad():
         for index, layer in enumerate(forward):
@@ -199,29 +255,49 @@ def collect_output_grams(
                     inputs.put(index, [batch.hidden for batch in batches])
                 for batch in batches:
                     batch.hidden = run_layer(layer, batch.hidden, batch.kwargs[index])
-    grams: dict[int, OutputGrams] = {}
-    parameters = list(model.parameters())
-    requires_grad = [p.requires_grad for p in parameters]
+    generator = torch.Generator().manual_seed(seed)
     device = batches[0].hidden.device
-    try:
-        for p in parameters:
-            p.requires_grad_(False)
-        with lazy.held(model, model.get_output_embeddings()):
-            gradients = [
-                head_gradient(model, spec, batch.hidden, _loss(ids.to(device), loss, generator))[1]
-                for ids, batch in zip(windows.split(batch_size), batches, strict=True)
-            ]
-        order = range(len(layers) - 1, first - 1, -1)
-        for index in tqdm(order, desc="output grams (backward)", unit="layer", disable=not progress):
-            gradients = _backward_through(
-                model, spec, index, batches, inputs.take(index), gradients, grams, wanted
-            )
-            if spill is not None and index in grams:
-                grams[index].spill(Path(spill) / f"output-grams-{index:05d}.safetensors")
-    finally:
-        for p, flag in zip(parameters, requires_grad, strict=True):
-            p.requires_grad_(flag)
-    return grams
+    with lazy.held(model, model.get_output_embeddings()):
+        return [
+            head_gradient(model, spec, batch.hidden, _loss(ids.to(device), loss, generator))[1]
+            for ids, batch in zip(windows.split(batch_size), batches, strict=True)
+        ]
+
+
+def _save_gradients(spill: Path, gradients: list[torch.Tensor], sweep: dict, next_layer: int) -> None:
+    """Keep the gradient the sweep has reached, atomically (a stop while writing leaves the last one)."""
+    path = Path(spill) / GRADIENT_FILE
+    partial = path.with_name(path.name + ".partial")
+    tensors = {str(k): gradient.contiguous() for k, gradient in enumerate(gradients)}
+    save_file(tensors, partial, metadata={**sweep, "next": str(next_layer)})
+    partial.replace(path)
+
+
+def stopped_at(spill: Path) -> int | None:
+    """The next layer a backward sweep stopped in ``spill`` would run back through, or None: what a
+    stopped run keeps its directory for."""
+    path = Path(spill) / GRADIENT_FILE
+    if not path.is_file():
+        return None
+    with safe_open(path, framework="pt") as handle:
+        return int((handle.metadata() or {}).get("next", -1))
+
+
+def _stopped_sweep(spill: Path | None, sweep: dict) -> tuple[int, list[torch.Tensor]] | None:
+    """Where a sweep of the same windows, loss and layers stopped in ``spill``: the next layer to run
+    back through and the gradient at its output; None when there is none to continue (then any
+    gradient file left there, of another sweep, is ignored and written over)."""
+    path = None if spill is None else Path(spill) / GRADIENT_FILE
+    if path is None or not path.is_file():
+        return None
+    with safe_open(path, framework="pt") as handle:
+        metadata = handle.metadata() or {}
+        if {key: metadata.get(key) for key in sweep} != sweep:
+            return None
+        next_layer = int(metadata["next"])
+        if not all(_LayerInputs(spill).has(index) for index in range(int(sweep["first"]), next_layer + 1)):
+            return None
+        return next_layer, [handle.get_tensor(str(k)) for k in range(len(handle.keys()))]
 
 
 class _LayerInputs:
@@ -239,15 +315,21 @@ class _LayerInputs:
         else:
             save_file({str(k): batch.contiguous() for k, batch in enumerate(batches)}, self._path(index))
 
-    def take(self, index: int) -> list[torch.Tensor]:
-        """The inputs of layer ``index``, forgotten here."""
+    def has(self, index: int) -> bool:
+        """Whether the inputs of layer ``index`` are on disk (a spilled sweep's, not yet taken)."""
+        return self.spill is not None and self._path(index).is_file()
+
+    def take(self, index: int, device: torch.device) -> list[torch.Tensor]:
+        """The inputs of layer ``index`` on ``device``, forgotten here when in memory; on disk they stay
+        until :meth:`drop`, for a sweep stopped in this layer to run it again."""
         if self.spill is None:
             return self.kept.pop(index)
-        path = self._path(index)
-        with safe_open(path, framework="pt") as handle:
-            batches = [handle.get_tensor(str(k)) for k in range(len(handle.keys()))]
-        path.unlink()
-        return batches
+        with safe_open(self._path(index), framework="pt") as handle:
+            return [handle.get_tensor(str(k)).to(device) for k in range(len(handle.keys()))]
+
+    def drop(self, index: int) -> None:
+        """Delete the file of layer ``index``'s inputs: the sweep has gone below it."""
+        self._path(index).unlink()
 
 
 def _backward_through(model, spec, index, batches, inputs, gradients, grams, wanted) -> list[torch.Tensor]:

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from svdmlp import arch, checkpoint, lazy, models
-from svdmlp.compression import footprint, pipeline
+from svdmlp.compression import footprint, output_grams, pipeline
 from svdmlp.compression.journal import JOURNAL_FILE, Journal, resumable
 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import CompressionReport, count_parameters
@@ -156,7 +156,8 @@ def run_sweep(
         finished = True
         return records
     finally:
-        if not finished and not (shared / JOURNAL_FILE).is_file():
+        stopped_calibration = output_grams.stopped_at(shared) is not None
+        if not finished and not (shared / JOURNAL_FILE).is_file() and not stopped_calibration:
             for path in shared.glob("*"):  # Grams of a calibration stopped before it was recorded
                 if path.is_file():
                     path.unlink()
