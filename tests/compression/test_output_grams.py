@@ -274,3 +274,49 @@ def test_a_gradient_left_by_another_sweep_is_not_continued(tmp_path, monkeypatch
     expected = output_grams.collect_output_grams(model, spec, _windows(), [0, 1], progress=False)
     for index in (0, 1):
         torch.testing.assert_close(fresh[index].gram("down"), expected[index].gram("down"), rtol=0, atol=1e-6)
+
+
+def test_a_spilled_forward_pass_stopped_continues_from_the_last_inputs_kept(tmp_path, monkeypatch):
+    model = tiny_model("llama", num_hidden_layers=4)
+    spec = arch.resolve(model.config.model_type)
+    layers = arch.decoder_layers(model, spec)
+
+    def collect(spill):
+        grams = output_grams.collect_output_grams(
+            model, spec, _windows(), [1, 3], progress=False, spill=spill
+        )
+        return {
+            index: {name: entry.gram(name) for name in arch.PROJECTIONS} for index, entry in grams.items()
+        }
+
+    (tmp_path / "whole").mkdir()
+    whole = collect(tmp_path / "whole")
+    run_layer, ran = output_grams.run_layer, []
+
+    def stop_in_layer_2(layer, *args):
+        index = list(layers).index(layer)
+        if index == 2:
+            raise KeyboardInterrupt
+        ran.append(index)
+        return run_layer(layer, *args)
+
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    monkeypatch.setattr(output_grams, "run_layer", stop_in_layer_2)
+    with pytest.raises(KeyboardInterrupt):
+        collect(stopped)
+    assert sorted(p.name for p in stopped.iterdir()) == [
+        "inputs-00001.safetensors",
+        "inputs-00002.safetensors",
+    ]
+    ran.clear()
+    monkeypatch.setattr(
+        output_grams,
+        "run_layer",
+        lambda layer, *a: ran.append(list(layers).index(layer)) or run_layer(layer, *a),
+    )
+    continued = collect(stopped)
+    assert ran == [2, 2, 2, 3, 3, 3]  # three windows through layers 2 and 3: 0 and 1 not again
+    for index, entry in whole.items():
+        for name, expected in entry.items():
+            torch.testing.assert_close(continued[index][name], expected, rtol=0, atol=0)

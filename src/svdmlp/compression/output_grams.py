@@ -206,7 +206,7 @@ def collect_output_grams(
             p.requires_grad_(False)
         if stopped is None:
             gradients = _forward_and_head(
-                model, spec, windows, batches, inputs, first, loss, seed, batch_size, progress
+                model, spec, windows, batches, inputs, first, loss, seed, batch_size, progress, sweep
             )
             top = len(layers) - 1
         else:
@@ -243,16 +243,31 @@ def _grams_path(spill: Path | None, index: int) -> Path | None:
     return None if spill is None else Path(spill) / f"output-grams-{index:05d}.safetensors"
 
 
-def _forward_and_head(model, spec, windows, batches, inputs, first, loss, seed, batch_size, progress):
-    """Run every layer forward, keeping the hidden states entering those from ``first`` on; the loss
+def _forward_and_head(model, spec, windows, batches, inputs, first, loss, seed, batch_size, progress, sweep):
+    """Run every layer forward, keeping the hidden states entering those from ``first`` on (a pass of
+    this ``sweep`` stopped with some of them on disk continues from the last one kept); the loss
     gradient at the last layer's output, by batch."""
     layers = arch.decoder_layers(model, spec)
-    forward = tqdm(layers, desc="output grams (forward)", unit="layer", disable=not progress)
+    resumed = inputs.last(first, sweep)
+    if resumed is not None:
+        device = batches[0].hidden.device
+        for batch, hidden in zip(batches, inputs.take(resumed, device), strict=True):
+            batch.hidden = hidden
+    begin = 0 if resumed is None else resumed
+    forward = tqdm(
+        range(begin, len(layers)),
+        desc="output grams (forward)",
+        unit="layer",
+        initial=begin,
+        total=len(layers),
+        disable=not progress,
+    )
     with torch.no_grad():
-        for index, layer in enumerate(forward):
+        for index in forward:
+            layer = layers[index]
             with lazy.held(model, layer):
-                if index >= first:
-                    inputs.put(index, [batch.hidden for batch in batches])
+                if index >= first and index != resumed:
+                    inputs.put(index, [batch.hidden for batch in batches], sweep)
                 for batch in batches:
                     batch.hidden = run_layer(layer, batch.hidden, batch.kwargs[index])
     generator = torch.Generator().manual_seed(seed)
@@ -295,7 +310,8 @@ def _stopped_sweep(spill: Path | None, sweep: dict) -> tuple[int, list[torch.Ten
         if {key: metadata.get(key) for key in sweep} != sweep:
             return None
         next_layer = int(metadata["next"])
-        if not all(_LayerInputs(spill).has(index) for index in range(int(sweep["first"]), next_layer + 1)):
+        kept = _LayerInputs(spill)
+        if not all(kept.has(index, sweep) for index in range(int(sweep["first"]), next_layer + 1)):
             return None
         return next_layer, [handle.get_tensor(str(k)) for k in range(len(handle.keys()))]
 
@@ -309,15 +325,30 @@ class _LayerInputs:
     def _path(self, index: int) -> Path:
         return Path(self.spill) / f"inputs-{index:05d}.safetensors"
 
-    def put(self, index: int, batches: list[torch.Tensor]) -> None:
+    def put(self, index: int, batches: list[torch.Tensor], sweep: dict) -> None:
+        """Keep the inputs of layer ``index``; on disk atomically, with what identifies the ``sweep``."""
         if self.spill is None:
             self.kept[index] = batches
-        else:
-            save_file({str(k): batch.contiguous() for k, batch in enumerate(batches)}, self._path(index))
+            return
+        path = self._path(index)
+        partial = path.with_name(path.name + ".partial")
+        save_file({str(k): batch.contiguous() for k, batch in enumerate(batches)}, partial, metadata=sweep)
+        partial.replace(path)
 
-    def has(self, index: int) -> bool:
-        """Whether the inputs of layer ``index`` are on disk (a spilled sweep's, not yet taken)."""
-        return self.spill is not None and self._path(index).is_file()
+    def last(self, first: int, sweep: dict) -> int | None:
+        """The last layer whose inputs a stopped forward pass of ``sweep`` kept on disk, those of every
+        layer from ``first`` to it kept too; None when there are none."""
+        index = first
+        while self.has(index, sweep):
+            index += 1
+        return index - 1 if index > first else None
+
+    def has(self, index: int, sweep: dict) -> bool:
+        """Whether the inputs of layer ``index`` that ``sweep`` kept are on disk."""
+        if self.spill is None or not self._path(index).is_file():
+            return False
+        with safe_open(self._path(index), framework="pt") as handle:
+            return (handle.metadata() or {}) == sweep
 
     def take(self, index: int, device: torch.device) -> list[torch.Tensor]:
         """The inputs of layer ``index`` on ``device``, forgotten here when in memory; on disk they stay
