@@ -8,10 +8,14 @@ from safetensors import safe_open
 from conftest import count_calls, tiny_model
 from svdmlp import arch
 from svdmlp.compression import decompose, gram, output_grams
+from svdmlp.compression.calibration import tokens_hash
 
 
 def _windows(n=3, length=16, seed=0):
     return torch.randint(0, 300, (n, length), generator=torch.Generator().manual_seed(seed))
+
+
+SHA, OTHER = tokens_hash(_windows()), tokens_hash(_windows(seed=1))  # what marks a spilled sweep's files
 
 
 def _hook_count(model) -> int:
@@ -215,7 +219,7 @@ def test_a_spilled_sweep_stopped_between_layers_continues_where_it_stopped(tmp_p
 
     def collect(spill):
         grams = output_grams.collect_output_grams(
-            model, spec, _windows(), [0, 1, 3], progress=False, spill=spill
+            model, spec, _windows(), [0, 1, 3], progress=False, spill=spill, windows_sha256=SHA
         )
         return {
             index: {name: entry.gram(name) for name in arch.PROJECTIONS} for index, entry in grams.items()
@@ -266,11 +270,13 @@ def test_a_gradient_left_by_another_sweep_is_not_continued(tmp_path, monkeypatch
     monkeypatch.setattr(output_grams, "_backward_through", stop)
     with pytest.raises(KeyboardInterrupt):
         output_grams.collect_output_grams(
-            model, spec, _windows(seed=1), [0, 1], progress=False, spill=tmp_path
+            model, spec, _windows(seed=1), [0, 1], progress=False, spill=tmp_path, windows_sha256=OTHER
         )
     assert output_grams.stopped_at(tmp_path) == 0
     monkeypatch.setattr(output_grams, "_backward_through", through)
-    fresh = output_grams.collect_output_grams(model, spec, _windows(), [0, 1], progress=False, spill=tmp_path)
+    fresh = output_grams.collect_output_grams(
+        model, spec, _windows(), [0, 1], progress=False, spill=tmp_path, windows_sha256=SHA
+    )
     expected = output_grams.collect_output_grams(model, spec, _windows(), [0, 1], progress=False)
     for index in (0, 1):
         torch.testing.assert_close(fresh[index].gram("down"), expected[index].gram("down"), rtol=0, atol=1e-6)
@@ -283,7 +289,7 @@ def test_a_spilled_forward_pass_stopped_continues_from_the_last_inputs_kept(tmp_
 
     def collect(spill):
         grams = output_grams.collect_output_grams(
-            model, spec, _windows(), [1, 3], progress=False, spill=spill
+            model, spec, _windows(), [1, 3], progress=False, spill=spill, windows_sha256=SHA
         )
         return {
             index: {name: entry.gram(name) for name in arch.PROJECTIONS} for index, entry in grams.items()

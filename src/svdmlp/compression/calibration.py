@@ -331,15 +331,25 @@ class Calibration:
                 in memory (see :func:`collect_output_grams`).
         """
         grams = collect_grams(model, spec, windows, indices, progress=progress) if inputs else {}
+        sha256 = tokens_hash(windows)
         outputs = (
-            collect_output_grams(model, spec, windows, indices, seed=seed, progress=progress, spill=spill)
+            collect_output_grams(
+                model,
+                spec,
+                windows,
+                indices,
+                seed=seed,
+                progress=progress,
+                spill=spill,
+                windows_sha256=sha256,
+            )
             if fisher
             else {}
         )
         for index, entry in outputs.items():
             if index in grams:
                 grams[index].outputs = entry
-        return cls(grams, windows.numel(), tokens_hash(windows), [list(s) for s in sources], outputs)
+        return cls(grams, windows.numel(), sha256, [list(s) for s in sources], outputs)
 
     @property
     def info(self) -> dict:

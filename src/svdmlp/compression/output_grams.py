@@ -166,6 +166,7 @@ def collect_output_grams(
     seed: int = 0,
     progress: bool = True,
     spill: Path | None = None,
+    windows_sha256: str | None = None,
 ) -> dict[int, OutputGrams]:
     """Run ``windows`` forward and backward through ``model``; the output-gradient Grams of the chosen layers.
 
@@ -185,20 +186,21 @@ def collect_output_grams(
             backward sweep, the gradient at that layer's input (:data:`GRADIENT_FILE`): a sweep
             stopped there (a kill, the end of a session) continues from the layer it stopped at
             when called again with the same arguments, its forward pass not run again.
+        windows_sha256: the windows' tokens' SHA-256 (:func:`svdmlp.compression.calibration.tokens_hash`),
+            which the files a stopped sweep leaves in ``spill`` are marked with; without it they are
+            never continued.
 
     The model is left as it was found: parameters' ``requires_grad`` and ``.grad``, its hooks, its mode.
     """
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-    from svdmlp.compression.calibration import tokens_hash  # (calibration imports this module)
-
     layers = arch.decoder_layers(model, spec)
     first, wanted = min(layer_indices), set(layer_indices)
     batches = capture(model, spec, windows, len(layers) - 1, batch_size)
     inputs = _LayerInputs(spill)
-    sweep = {"windows": tokens_hash(windows), "loss": loss, "seed": str(seed), "batch": str(batch_size)}
+    sweep = {"windows": windows_sha256 or "", "loss": loss, "seed": str(seed), "batch": str(batch_size)}
     sweep |= {"first": str(first), "wanted": ",".join(map(str, sorted(wanted)))}
-    stopped = _stopped_sweep(spill, sweep)
+    stopped = _stopped_sweep(spill, sweep) if windows_sha256 else None
     parameters = list(model.parameters())
     requires_grad = [p.requires_grad for p in parameters]
     try:
@@ -248,7 +250,7 @@ def _forward_and_head(model, spec, windows, batches, inputs, first, loss, seed, 
     this ``sweep`` stopped with some of them on disk continues from the last one kept); the loss
     gradient at the last layer's output, by batch."""
     layers = arch.decoder_layers(model, spec)
-    resumed = inputs.last(first, sweep)
+    resumed = inputs.last(first, sweep) if sweep["windows"] else None
     if resumed is not None:
         device = batches[0].hidden.device
         for batch, hidden in zip(batches, inputs.take(resumed, device), strict=True):
