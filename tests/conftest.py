@@ -6,6 +6,7 @@ Everything is built offline from configs; nothing is downloaded.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 # Before any import: huggingface_hub reads these when it is first imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -205,6 +206,27 @@ def tiny_sweep_argv(model_dir, text, out, keep: str, method: str, score_text: bo
     argv += ["--seq-len", "32", "--max-windows", "2", "--align", "8", "--calib", text]
     argv += ["--calib-samples", "4", "--calib-seq-len", "32", "--out", out]
     return [str(a) for a in argv]
+
+
+@contextmanager
+def backward_stopped_at(monkeypatch, layer: int):
+    """Inside the block the calibration's backward pass stops (Ctrl-C) when it reaches ``layer``; the
+    layers it ran back through before are appended to the list yielded. Restored after the block."""
+    from svdmlp.compression import output_grams
+
+    through, ran = output_grams._backward_through, []
+
+    def stopping(model, spec, index, *args):
+        if index == layer:
+            raise KeyboardInterrupt
+        ran.append(index)
+        return through(model, spec, index, *args)
+
+    monkeypatch.setattr(output_grams, "_backward_through", stopping)
+    try:
+        yield ran
+    finally:
+        monkeypatch.setattr(output_grams, "_backward_through", through)
 
 
 def count_calls(monkeypatch, module, name: str) -> list:

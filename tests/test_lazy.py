@@ -10,7 +10,16 @@ import weakref
 import pytest
 import torch
 
-from conftest import ARCH_CONFIGS, SAMPLE_TEXT, assert_cli_error, count_calls, run_cli, snapshot, tiny_model
+from conftest import (
+    ARCH_CONFIGS,
+    SAMPLE_TEXT,
+    assert_cli_error,
+    backward_stopped_at,
+    count_calls,
+    run_cli,
+    snapshot,
+    tiny_model,
+)
 from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.cli import main
 from svdmlp.compression import factorise, output_grams, pipeline, sensitivity, sequential
@@ -314,18 +323,9 @@ def test_a_run_stopped_in_the_calibrations_backward_pass_continues_from_its_laye
 ):
     root = saved_model
     assert main(_command(root, root / "whole")) == 0
-    through, backward = output_grams._backward_through, []
-
-    def stopped(model, spec, index, *args):
-        if index == 0:
-            raise KeyboardInterrupt
-        backward.append(index)
-        return through(model, spec, index, *args)
-
-    monkeypatch.setattr(output_grams, "_backward_through", stopped)
-    assert main(_command(root, root / "ckpt")) == 130
+    with backward_stopped_at(monkeypatch, 0) as backward:
+        assert main(_command(root, root / "ckpt")) == 130
     assert backward == [2, 1]
-    monkeypatch.setattr(output_grams, "_backward_through", through)
     forward = count_calls(monkeypatch, output_grams, "_forward_and_head")
     code, _, err = run_cli(capsys, *_command(root, root / "ckpt"))
     assert code == 0, err

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from conftest import count_calls, tiny_model
+from conftest import backward_stopped_at, count_calls, tiny_model
 from svdmlp import arch
 from svdmlp.compression import decompose, gram, output_grams
 from svdmlp.compression.calibration import tokens_hash
@@ -227,20 +227,12 @@ def test_a_spilled_sweep_stopped_between_layers_continues_where_it_stopped(tmp_p
 
     (tmp_path / "whole").mkdir()
     whole = collect(tmp_path / "whole")
-    through, backward = output_grams._backward_through, []
-
-    def stop_at_layer_1(model, spec, index, *args):
-        if index == 1:
-            raise KeyboardInterrupt
-        backward.append(index)
-        return through(model, spec, index, *args)
-
     stopped = tmp_path / "stopped"
     stopped.mkdir()
-    monkeypatch.setattr(output_grams, "_backward_through", stop_at_layer_1)
-    with pytest.raises(KeyboardInterrupt):
+    with backward_stopped_at(monkeypatch, 1) as backward, pytest.raises(KeyboardInterrupt):
         collect(stopped)
     assert backward == [3, 2] and output_grams.stopped_at(stopped) == 1
+    through = output_grams._backward_through
 
     layers_run = []
     monkeypatch.setattr(
@@ -260,20 +252,11 @@ def test_a_spilled_sweep_stopped_between_layers_continues_where_it_stopped(tmp_p
 def test_a_gradient_left_by_another_sweep_is_not_continued(tmp_path, monkeypatch):
     model = tiny_model("llama")
     spec = arch.resolve(model.config.model_type)
-    through = output_grams._backward_through
-
-    def stop(model, spec, index, *args):
-        if index == 0:
-            raise KeyboardInterrupt
-        return through(model, spec, index, *args)
-
-    monkeypatch.setattr(output_grams, "_backward_through", stop)
-    with pytest.raises(KeyboardInterrupt):
+    with backward_stopped_at(monkeypatch, 0), pytest.raises(KeyboardInterrupt):
         output_grams.collect_output_grams(
             model, spec, _windows(seed=1), [0, 1], progress=False, spill=tmp_path, windows_sha256=OTHER
         )
     assert output_grams.stopped_at(tmp_path) == 0
-    monkeypatch.setattr(output_grams, "_backward_through", through)
     fresh = output_grams.collect_output_grams(
         model, spec, _windows(), [0, 1], progress=False, spill=tmp_path, windows_sha256=SHA
     )

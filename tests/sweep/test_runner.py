@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import SAMPLE_TEXT, count_calls, run_cli, save_tiny_llama, tiny_sweep_argv
+from conftest import SAMPLE_TEXT, backward_stopped_at, count_calls, run_cli, save_tiny_llama, tiny_sweep_argv
 from svdmlp.cli import main
 from svdmlp.compression import factorise, output_grams, pipeline
 from svdmlp.evaluate import harness, tasks
@@ -226,18 +226,11 @@ def test_a_sweep_stopped_in_the_calibrations_backward_pass_keeps_it(tmp_path, to
     text = tmp_path / "text.txt"
     text.write_text(SAMPLE_TEXT, encoding="utf-8")
     assert main(tiny_sweep_argv(model_dir, text, tmp_path / "whole", "0.5", "fisher")) == 0
-    out, through = tmp_path / "out", output_grams._backward_through
+    out = tmp_path / "out"
     argv = tiny_sweep_argv(model_dir, text, out, "0.5", "fisher")
-
-    def stopped(model, spec, index, *args):
-        if index == 0:
-            raise KeyboardInterrupt
-        return through(model, spec, index, *args)
-
-    monkeypatch.setattr(output_grams, "_backward_through", stopped)
-    assert main(argv) == 130
+    with backward_stopped_at(monkeypatch, 0):
+        assert main(argv) == 130
     assert output_grams.stopped_at(out / ".calibration") == 0  # kept for the rerun
-    monkeypatch.setattr(output_grams, "_backward_through", through)
     forward = count_calls(monkeypatch, output_grams, "_forward_and_head")
     assert main(argv) == 0 and forward == []
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
