@@ -271,11 +271,16 @@ class DiskWeights:
         path = self.shard(unit)
         with self.held(unit):
             tensors = {name: t.detach().contiguous() for name, t in unit_tensors(self.model, unit).items()}
-            partial = path.with_name(path.name + ".partial")
-            save_file(tensors, partial, metadata={"format": "pt"})
-            partial.replace(path)
+            save_atomic(tensors, path, {"format": "pt"})
         self._read_from(unit, path)
         return path
+
+
+def save_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """Write ``tensors`` to the safetensors file ``path``; a stop while writing leaves it as it was."""
+    partial = path.with_name(path.name + ".partial")
+    save_file(tensors, partial, metadata=metadata)
+    partial.replace(path)
 
 
 def tensor_names(model: nn.Module) -> dict[int, list[str]]:

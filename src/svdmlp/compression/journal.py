@@ -12,8 +12,9 @@ the end of a session.
 
 What is redone: a step or layer the journal does not record (a stopped layer is compressed from its
 start; a stopped calibration continues from the layer inputs and gradient its passes left in the
-directory, :func:`svdmlp.compression.output_grams.collect_output_grams`), and distillation, which changes the stored layers in place: it is recorded only when it ends,
-and the layers it had trained are put back as they were before it (hard links made when it starts).
+directory, :func:`svdmlp.compression.output_grams.collect_output_grams`), and distillation, which
+changes the stored layers in place: it is recorded only when it ends, and the layers it had trained are
+put back as they were before it (hard links made when it starts).
 """
 
 from __future__ import annotations

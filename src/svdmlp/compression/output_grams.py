@@ -200,7 +200,7 @@ def collect_output_grams(
     inputs = _LayerInputs(spill)
     sweep = {"windows": windows_sha256 or "", "loss": loss, "seed": str(seed), "batch": str(batch_size)}
     sweep |= {"first": str(first), "wanted": ",".join(map(str, sorted(wanted)))}
-    stopped = _stopped_sweep(spill, sweep) if windows_sha256 else None
+    stopped = _stopped_sweep(spill, sweep, batches[0].hidden.device)
     parameters = list(model.parameters())
     requires_grad = [p.requires_grad for p in parameters]
     try:
@@ -212,7 +212,7 @@ def collect_output_grams(
             )
             top = len(layers) - 1
         else:
-            top, gradients = stopped[0], [g.to(batches[0].hidden.device) for g in stopped[1]]
+            top, gradients = stopped
         grams = {
             index: OutputGrams(None, None, None, tokens=windows.numel(), path=_grams_path(spill, index))
             for index in wanted
@@ -226,7 +226,7 @@ def collect_output_grams(
             if spill is not None:
                 if index in grams:
                     grams[index].spill(_grams_path(spill, index))
-                _save_gradients(spill, gradients, sweep, index - 1)
+                _save_batches(Path(spill) / GRADIENT_FILE, gradients, {**sweep, "next": str(index - 1)})
                 inputs.drop(index)
     finally:
         for p, flag in zip(parameters, requires_grad, strict=True):
@@ -250,7 +250,7 @@ def _forward_and_head(model, spec, windows, batches, inputs, first, loss, seed, 
     this ``sweep`` stopped with some of them on disk continues from the last one kept); the loss
     gradient at the last layer's output, by batch."""
     layers = arch.decoder_layers(model, spec)
-    resumed = inputs.last(first, sweep) if sweep["windows"] else None
+    resumed = inputs.last(first, sweep)
     if resumed is not None:
         device = batches[0].hidden.device
         for batch, hidden in zip(batches, inputs.take(resumed, device), strict=True):
@@ -281,13 +281,14 @@ def _forward_and_head(model, spec, windows, batches, inputs, first, loss, seed, 
         ]
 
 
-def _save_gradients(spill: Path, gradients: list[torch.Tensor], sweep: dict, next_layer: int) -> None:
-    """Keep the gradient the sweep has reached, atomically (a stop while writing leaves the last one)."""
-    path = Path(spill) / GRADIENT_FILE
-    partial = path.with_name(path.name + ".partial")
-    tensors = {str(k): gradient.contiguous() for k, gradient in enumerate(gradients)}
-    save_file(tensors, partial, metadata={**sweep, "next": str(next_layer)})
-    partial.replace(path)
+def _save_batches(path: Path, batches: list[torch.Tensor], metadata: dict[str, str]) -> None:
+    """Keep one tensor per batch in ``path``, atomically (a stop while writing leaves the last one)."""
+    lazy.save_atomic({str(k): batch.contiguous() for k, batch in enumerate(batches)}, path, metadata)
+
+
+def _read_batches(handle, device) -> list[torch.Tensor]:
+    """The tensors :func:`_save_batches` kept, in order, on ``device``."""
+    return [handle.get_tensor(str(k)).to(device) for k in range(len(handle.keys()))]
 
 
 def stopped_at(spill: Path) -> int | None:
@@ -300,11 +301,11 @@ def stopped_at(spill: Path) -> int | None:
         return int((handle.metadata() or {}).get("next", -1))
 
 
-def _stopped_sweep(spill: Path | None, sweep: dict) -> tuple[int, list[torch.Tensor]] | None:
+def _stopped_sweep(spill: Path | None, sweep: dict, device) -> tuple[int, list[torch.Tensor]] | None:
     """Where a sweep of the same windows, loss and layers stopped in ``spill``: the next layer to run
-    back through and the gradient at its output; None when there is none to continue (then any
-    gradient file left there, of another sweep, is ignored and written over)."""
-    path = None if spill is None else Path(spill) / GRADIENT_FILE
+    back through and the gradient at its output (on ``device``); None when there is none to continue
+    (then any gradient file left there, of another sweep, is ignored and written over)."""
+    path = None if spill is None or not sweep["windows"] else Path(spill) / GRADIENT_FILE
     if path is None or not path.is_file():
         return None
     with safe_open(path, framework="pt") as handle:
@@ -315,7 +316,7 @@ def _stopped_sweep(spill: Path | None, sweep: dict) -> tuple[int, list[torch.Ten
         kept = _LayerInputs(spill)
         if not all(kept.has(index, sweep) for index in range(int(sweep["first"]), next_layer + 1)):
             return None
-        return next_layer, [handle.get_tensor(str(k)) for k in range(len(handle.keys()))]
+        return next_layer, _read_batches(handle, device)
 
 
 class _LayerInputs:
@@ -332,10 +333,7 @@ class _LayerInputs:
         if self.spill is None:
             self.kept[index] = batches
             return
-        path = self._path(index)
-        partial = path.with_name(path.name + ".partial")
-        save_file({str(k): batch.contiguous() for k, batch in enumerate(batches)}, partial, metadata=sweep)
-        partial.replace(path)
+        _save_batches(self._path(index), batches, sweep)
 
     def last(self, first: int, sweep: dict) -> int | None:
         """The last layer whose inputs a stopped forward pass of ``sweep`` kept on disk, those of every
@@ -346,8 +344,9 @@ class _LayerInputs:
         return index - 1 if index > first else None
 
     def has(self, index: int, sweep: dict) -> bool:
-        """Whether the inputs of layer ``index`` that ``sweep`` kept are on disk."""
-        if self.spill is None or not self._path(index).is_file():
+        """Whether the inputs of layer ``index`` that ``sweep`` kept are on disk (never for a sweep
+        whose windows are not identified)."""
+        if self.spill is None or not sweep["windows"] or not self._path(index).is_file():
             return False
         with safe_open(self._path(index), framework="pt") as handle:
             return (handle.metadata() or {}) == sweep
@@ -358,7 +357,7 @@ class _LayerInputs:
         if self.spill is None:
             return self.kept.pop(index)
         with safe_open(self._path(index), framework="pt") as handle:
-            return [handle.get_tensor(str(k)).to(device) for k in range(len(handle.keys()))]
+            return _read_batches(handle, device)
 
     def drop(self, index: int) -> None:
         """Delete the file of layer ``index``'s inputs: the sweep has gone below it."""
