@@ -213,17 +213,28 @@ def test_spilled_grams_give_the_same_grams_to_float32_and_roots_and_are_deleted_
     assert not spilled.path.exists()
 
 
+def _spilled_grams(model, spec, layers: list[int], spill) -> dict[int, dict[str, torch.Tensor]]:
+    """Each chosen layer's output-gradient Grams by projection, made spilling into ``spill``."""
+    grams = output_grams.collect_output_grams(
+        model, spec, _windows(), layers, progress=False, spill=spill, windows_sha256=SHA
+    )
+    return {index: {name: entry.gram(name) for name in arch.PROJECTIONS} for index, entry in grams.items()}
+
+
+def _assert_same_grams(continued: dict, whole: dict) -> None:
+    """A continued sweep's Grams are the unstopped one's, bit for bit."""
+    assert continued.keys() == whole.keys()
+    for index, entry in whole.items():
+        for name, expected in entry.items():
+            torch.testing.assert_close(continued[index][name], expected, rtol=0, atol=0)
+
+
 def test_a_spilled_sweep_stopped_between_layers_continues_where_it_stopped(tmp_path, monkeypatch):
     model = tiny_model("llama", num_hidden_layers=4)
     spec = arch.resolve(model.config.model_type)
 
     def collect(spill):
-        grams = output_grams.collect_output_grams(
-            model, spec, _windows(), [0, 1, 3], progress=False, spill=spill, windows_sha256=SHA
-        )
-        return {
-            index: {name: entry.gram(name) for name in arch.PROJECTIONS} for index, entry in grams.items()
-        }
+        return _spilled_grams(model, spec, [0, 1, 3], spill)
 
     (tmp_path / "whole").mkdir()
     whole = collect(tmp_path / "whole")
@@ -244,9 +255,7 @@ def test_a_spilled_sweep_stopped_between_layers_continues_where_it_stopped(tmp_p
     continued = collect(stopped)
     assert layers_run == [1, 0] and forward == []  # no layer forward again, layers 3 and 2 not again
     assert output_grams.stopped_at(stopped) is None
-    for index, entry in whole.items():
-        for name, expected in entry.items():
-            torch.testing.assert_close(continued[index][name], expected, rtol=0, atol=0)
+    _assert_same_grams(continued, whole)
 
 
 def test_a_gradient_left_by_another_sweep_is_not_continued(tmp_path, monkeypatch):
@@ -271,12 +280,7 @@ def test_a_spilled_forward_pass_stopped_continues_from_the_last_inputs_kept(tmp_
     layers = arch.decoder_layers(model, spec)
 
     def collect(spill):
-        grams = output_grams.collect_output_grams(
-            model, spec, _windows(), [1, 3], progress=False, spill=spill, windows_sha256=SHA
-        )
-        return {
-            index: {name: entry.gram(name) for name in arch.PROJECTIONS} for index, entry in grams.items()
-        }
+        return _spilled_grams(model, spec, [1, 3], spill)
 
     (tmp_path / "whole").mkdir()
     whole = collect(tmp_path / "whole")
@@ -306,6 +310,4 @@ def test_a_spilled_forward_pass_stopped_continues_from_the_last_inputs_kept(tmp_
     )
     continued = collect(stopped)
     assert ran == [2, 2, 2, 3, 3, 3]  # three windows through layers 2 and 3: 0 and 1 not again
-    for index, entry in whole.items():
-        for name, expected in entry.items():
-            torch.testing.assert_close(continued[index][name], expected, rtol=0, atol=0)
+    _assert_same_grams(continued, whole)
