@@ -149,7 +149,33 @@ def test_a_sweep_calibrates_once_and_peaks_as_its_largest_point():
     assert sweep.seconds["evaluation"] == pytest.approx(
         4 * 2 * LLAMA_1B.params * 8192 / RATES.f32
     )  # and dense
-    assert sweep.peak[1] == max(p.peak[1] for p in points)  # one point's model and Grams at a time
+    # One point's model and Grams at a time; the first measures the three keeps' sensitivities.
+    measuring = footprint.predict(LLAMA_1B, keeps[0], 16, True, RATES, keeps_probed=(0.9, 0.8, 0.6))
+    assert sweep.peak[1] == max(p.peak[1] for p in [measuring, *points[1:]])
+
+
+def test_a_sweep_measures_its_allocations_sensitivities_once_for_every_keep():
+    keeps = [_config(keep=k) for k in (0.9, 0.8, 0.6)]
+    alone = [footprint.predict(LLAMA_1B, config, 16, True, RATES) for config in keeps]
+    sweep = footprint.predict_sweep(LLAMA_1B, keeps, True, RATES, eval_tokens=0, scores=4)
+    measuring = footprint.predict(LLAMA_1B, keeps[0], 16, True, RATES, keeps_probed=(0.9, 0.8, 0.6))
+    assert sweep.seconds["allocation"] == pytest.approx(measuring.seconds["allocation"])  # the others choose
+    assert alone[0].seconds["allocation"] < sweep.seconds["allocation"]  # a probe per keep
+    assert sweep.seconds["allocation"] < 0.6 * sum(p.seconds["allocation"] for p in alone)
+    # Every keep's factors are held while the layer's probes run.
+    assert sweep.memory["allocation"] > max(p.memory["allocation"] for p in alone)
+    # At most three keeps at once: a fourth and fifth share another measurement.
+    five = footprint.predict_sweep(
+        LLAMA_1B, keeps + [_config(keep=0.5), _config(keep=0.4)], True, RATES, 0, 6
+    )
+    pair = footprint.predict(LLAMA_1B, keeps[0], 16, True, RATES, keeps_probed=(0.5, 0.4))
+    assert five.seconds["allocation"] == pytest.approx(
+        sweep.seconds["allocation"] + pair.seconds["allocation"]
+    )
+    # In memory (no journal to share through) each keep measures its own.
+    in_memory = footprint.predict_sweep(LLAMA_1B, keeps, False, RATES, eval_tokens=0, scores=4)
+    each = [footprint.predict(LLAMA_1B, config, 16, False, RATES) for config in keeps]
+    assert in_memory.seconds["allocation"] == pytest.approx(sum(p.seconds["allocation"] for p in each))
 
 
 def test_a_continued_sweep_predicts_only_what_its_stopped_points_left():

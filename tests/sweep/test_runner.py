@@ -272,7 +272,9 @@ def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, toke
     monkeypatch.setattr(factorise, "layer", stopped)
     assert main(argv) == 130
     work = out / f".{recipe}-keep0.5.work"
-    assert f"kept in {work}" in capsys.readouterr().out
+    logged = capsys.readouterr()
+    assert f"kept in {work}" in logged.out
+    assert "sensitivity of keeps 0.8, 0.5: 100%" in logged.err  # measured by the first point
     assert list(json.loads((work / "progress.json").read_text())["layers"]) == [str(second[0])]
     assert (out / ".calibration" / "progress.json").is_file()
     code, _, err = run_cli(capsys, *argv, "--calib-samples", "5")
@@ -282,10 +284,7 @@ def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, toke
     calibrations, resumed = count_calls(monkeypatch, pipeline, "collect_calibration"), []
     monkeypatch.setattr(factorise, "layer", lambda *a, **k: resumed.append(a[2]) or layer(*a, **k))
     assert main(argv) == 0
-    assert (
-        f"continuing the stopped point in {work}: allocation, 1 compressed layers done"
-        in capsys.readouterr().out
-    )
+    assert f"continuing from {work}: allocation, 1 compressed layers done" in capsys.readouterr().out
     assert calibrations == [] and resumed[0] == second[1]
     assert second[0] not in resumed  # the layer done before the stop is not made again
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
@@ -294,3 +293,22 @@ def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, toke
         continued = json.loads((out / "points" / f"{name}.json").read_text())
         assert continued["achieved_keep"] == whole["achieved_keep"]
         assert continued["perplexity"] == pytest.approx(whole["perplexity"], rel=1e-5)
+
+
+def test_a_sweeps_keeps_share_their_allocations_measurements_three_at_a_time(
+    tmp_path, tokenizer, monkeypatch
+):
+    from svdmlp.compression import sensitivity
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
+    text = tmp_path / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    passes = count_calls(monkeypatch, sensitivity, "measure")
+    probes = count_calls(monkeypatch, sensitivity.Probe, "divergence")
+    argv = tiny_sweep_argv(model_dir, text, tmp_path / "out", "0.9,0.8,0.7,0.5", "svd+allocate")
+    assert main(argv) == 0
+    assert len(passes) == 2  # keeps 0.9-0.7 together, then 0.5 alone; the others' allocations only choose
+    assert len(probes) == 4 * 2  # each keep probes each of the two layers once
+    records = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "out" / "points").iterdir()}
+    assert [records[f"svd+allocate-keep{k}"]["timings"]["allocation"] > 0 for k in (0.9, 0.5)] == [True, True]

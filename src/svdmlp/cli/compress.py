@@ -156,17 +156,21 @@ def _check_footprint(args: argparse.Namespace, compress_config, shapes, on_disk:
     from svdmlp.compression import footprint
 
     layers = len(compress_config.layers) if compress_config.layers is not None else shapes.layers
-    done = journal.done if journal is not None else []
+    done, measured = (journal.done, len(journal.sensitivities())) if journal is not None else ([], 0)
     if journal is not None:
         layers -= len(journal.layers())
     limit = args.max_memory * footprint.GB if args.max_memory is not None else footprint.available_memory()
     rates = footprint.Rates.measure()
-    resident = footprint.predict(shapes, compress_config, layers, on_disk, rates, resident_healing=True)
+
+    def predict(resident_healing: bool):
+        return footprint.predict(
+            shapes, compress_config, layers, on_disk, rates, resident_healing, measured=measured
+        ).without(done)
+
+    resident = predict(True)
     healing = resident.memory.get("healing")
     resident_healing = on_disk and healing is not None and limit is not None and healing <= limit / 4
-    predicted = (
-        resident if resident_healing else footprint.predict(shapes, compress_config, layers, on_disk, rates)
-    ).without(done)
+    predicted = resident if resident_healing else predict(False)
     print(f"svdmlp: {predicted.line()}", file=sys.stderr, flush=True)
     thin = footprint.thin_calibration(shapes, compress_config)
     if thin:

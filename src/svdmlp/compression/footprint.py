@@ -14,6 +14,7 @@ matrix-product rate, roots (``ROOT_FLOPS·n³``), weightings and SVDs at the flo
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ import torch
 
 from svdmlp.compression import ranks
 from svdmlp.compression.gram import GRAM_BLOCKS, GRAM_ROWS
+from svdmlp.compression.journal import resumable
 from svdmlp.compression.layer_inputs import LOGIT_BLOCK_BYTES
-from svdmlp.compression.pipeline import SENSITIVITY_TOKENS
+from svdmlp.compression.pipeline import MEASURED_KEEPS, SENSITIVITY_TOKENS
 from svdmlp.config import CompressConfig
 
 GB = 1e9
@@ -297,10 +299,15 @@ def predict(
     on_disk: bool,
     rates: Rates,
     resident_healing: bool = False,
+    keeps_probed: tuple[float, ...] = (),
+    measured: int = 0,
 ) -> Footprint:
     """The footprint of compressing ``compressed`` decoder layers of a model of ``shapes`` as ``config``
     says, its weights read from disk one unit at a time (``on_disk``) or held in memory; with
-    ``resident_healing``, a model on disk loaded whole for distillation."""
+    ``resident_healing``, a model on disk loaded whole for distillation. Its allocation probes each
+    layer at each of ``keeps_probed`` (a sweep's keeps, measured at once:
+    :func:`svdmlp.compression.pipeline.measure_sensitivities`; default its own keep) but the
+    ``measured`` layers, whose sensitivity is recorded already."""
     speed = rates.achieved()
     h, i, vocab = shapes.hidden, shapes.inter, shapes.vocab
     calibration = config.calibration
@@ -355,15 +362,19 @@ def predict(
         # ones a few rows at a time; every layer's recorded output; the probed layer's factors and
         # their products V·U standing in for its weights (Llama-3.2-1B shape: 3.67 GB measured, 3.0
         # predicted without these last three, BENCHMARKS.md session 14).
+        # Every keep's factors are held while its probes run, one V·U at a time.
+        probed = keeps_probed or (config.keep,)
+        factors_probed = sum((h + i) * ranks.rank_for_keep(h, i, keep, config.align) for keep in probed)
         probe = (
             (vocab * h * F32 if on_disk else 0)
             + probe_tokens * vocab * F32
             + _logit_block(probe_tokens, vocab) * LOGIT_COPIES
             + shapes.layers * probe_tokens * h * F32
-            + 3 * ((h + i) * rank + h * i) * F32
+            + 3 * (factors_probed + h * i) * F32
         )
         memory["allocation"] = per_layer + max(decomposing, probe)
-        seconds["allocation"] = compressed * (factorise + 2 * shapes.params * probe_tokens / 2 / speed.f32)
+        probing = 2 * shapes.params * probe_tokens / 2 / speed.f32
+        seconds["allocation"] = max(0, compressed - measured) * (factorise + len(probed) * probing)
     # A layer's peak: decomposing a projection beside its input Grams, or closed form's two Grams (one
     # of which becomes its own root), a strip of their update, and its MLP inputs.
     closed_form = (2 * i * i * F64 + _strip_bytes(i) + hidden_states) if config.heals_closed_form else 0
@@ -405,6 +416,7 @@ class Done:
 
     steps: tuple[str, ...] = ()
     layers: int = 0
+    measured: int = 0  # layers whose sensitivity its allocation recorded
 
 
 def predict_sweep(
@@ -419,14 +431,35 @@ def predict_sweep(
     """The footprint of a sweep: ``configs`` compressed one after the other, less what stopped runs
     ``done`` of each, and ``scores`` models (these and the dense one, unless it was scored earlier)
     each scored on ``eval_tokens`` tokens (its time only: scoring holds less than compressing). The
-    output-gradient Grams are made once and read back for every keep (``calibration`` counts once);
-    memory is the largest of any point's steps, as each point's model and Grams are freed before the
-    next."""
+    output-gradient Grams are made once and read back for every keep (``calibration`` counts once), and
+    on disk the first point of a budget allocation measures every keep's sensitivities (the allocation
+    of the others only chooses); memory is the largest of any point's steps, as each point's model and
+    Grams are freed before the next."""
     memory: dict[str, float] = {}
     seconds: dict[str, float] = {}
     disk = 0.0
-    for config, finished in zip(configs, done or [Done()] * len(configs), strict=True):
-        point = predict(shapes, config, shapes.layers - finished.layers, on_disk, rates)
+    done = done or [Done()] * len(configs)
+    sharing: dict[str, list[int]] = {}  # the points one measurement of sensitivities serves, by plan
+    for number, (config, finished) in enumerate(zip(configs, done, strict=True)):
+        if (
+            on_disk
+            and resumable(config)
+            and config.allocation == "budget"
+            and "allocation" not in finished.steps
+        ):
+            plan = json.dumps({k: v for k, v in config.to_dict().items() if k != "keep"}, sort_keys=True)
+            sharing.setdefault(plan, []).append(number)
+    groups = [
+        group[start : start + MEASURED_KEEPS]
+        for group in sharing.values()
+        for start in range(0, len(group), MEASURED_KEEPS)
+    ]
+    measures = {group[0]: tuple(configs[n].keep for n in group) for group in groups}
+    for number, (config, finished) in enumerate(zip(configs, done, strict=True)):
+        compressed = shapes.layers - finished.layers
+        shared = any(number in group[1:] for group in groups)
+        measured = compressed if shared else finished.measured
+        point = predict(shapes, config, compressed, on_disk, rates, False, measures.get(number, ()), measured)
         point = point.without(list(finished.steps))
         disk = max(disk, point.disk)
         for step, value in point.memory.items():

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from tqdm.auto import tqdm
 
 from svdmlp import arch, corpora, lazy
 from svdmlp.compression import factorise, quantized_factors, ranks, sensitivity, sequential
@@ -49,6 +50,10 @@ from svdmlp.int_weights import factor_scheme
 SENSITIVITY_TOKENS = 512
 SENSITIVITY_SEQ_LEN = 256
 SENSITIVITY_MIN_SEQ_LEN = 64
+# Keeps whose sensitivities one pass measures at most (measure_sensitivities): each adds its factors of the
+# layer's projections to the memory of the pass (float32 at keep 0.9: 0.15 GB for Qwen2.5-Coder-1.5B,
+# 0.64 GB for Llama-3.1-8B), so that a sweep's memory does not grow with its number of keeps.
+MEASURED_KEEPS = 3
 # Validation windows of each calibration source on which distillation healing is judged.
 HEAL_VALIDATION = 1
 
@@ -199,14 +204,7 @@ def compress(
     planned = _rule_ranks(model, spec, config, to_compress)  # fails on an impossible rank, before any work
 
     bos = arch.bos_token_id(spec, tokenizer)  # calibrate on what the model sees at run time
-
-    drawn = {}  # each set of windows drawn once: the calibration windows serve two steps
-
-    def windows(count: int | None = None, seq_len: int | None = None, seed: int | None = None):
-        key = (count, seq_len, seed)
-        if key not in drawn:  # always before any layer is factorised: ``self`` samples the dense model
-            drawn[key] = config_windows(tokenizer, config, calibration_text, count, seq_len, seed, bos, model)
-        return drawn[key]
+    windows = _Windows(model, tokenizer, config, calibration_text, bos)
 
     grams, outputs, calibration_info = {}, {}, {}
     collected_here = calibration is None  # Grams of our own, spilled to disk: deleted once used
@@ -246,26 +244,17 @@ def compress(
     if allocated is not None:
         planned, allocation = allocated
     elif config.allocation == "budget" and to_compress:
-        sources = len(source_weights(config, calibration_text))
-        count, seq_len = probe_shape(sources, config.calibration.seq_len)
-        probes = windows(count, seq_len, config.seed + 3)
+        measuring = time.perf_counter()
         measured = journal.sensitivities() if journal is not None else {}
         to_probe = sorted(set(planned) - set(measured))
-        if grams or not config.needs_calibration:
-            dense = ((index, grams.get(index)) for index in to_probe)
-        else:  # the dense model's Grams, made and dropped one layer at a time
-            dense = _dense_layers(model, spec, windows(), to_probe, outputs)
+        for (layer,) in _measure(model, spec, [planned], to_probe, grams, outputs, windows, progress):
+            measured[layer.index] = layer
+            if journal is not None:
+                journal.measured(layer)
+        probes = windows.probes()
+        seconds = time.perf_counter() - measuring
         planned, allocation = sensitivity.allocate(
-            model,
-            spec,
-            planned,
-            dense,
-            probes,
-            config.keep,
-            config.align,
-            progress,
-            measured,
-            journal.measured if journal is not None else None,
+            planned, measured, probes, config.keep, config.align, seconds
         )
         if journal is not None:
             journal.allocated(planned, allocation)
@@ -410,6 +399,95 @@ def quantize_factors(model: nn.Module, tokenizer, config: CompressConfig, progre
         windows = config_windows(tokenizer, config, None, bos=arch.bos_token_id(spec, tokenizer))
     layers = arch.decoder_layers(model, spec)
     return quantized_factors.quantize_layers(model, spec, layers, how, windows, lambda index: None, progress)
+
+
+def measure_sensitivities(
+    model: nn.Module,
+    tokenizer,
+    configs: list[CompressConfig],
+    journals: list[Journal],
+    calibration: Calibration | None = None,
+    progress: bool = True,
+) -> None:
+    """Measure the sensitivity of every layer that :func:`compress` allocates ranks to (``--allocate``)
+    for several keeps at once, into each keep's journal; each compression then allocates from it.
+
+    A sweep's keeps share the expensive part: each layer's dense Grams, its whitened decompositions
+    and the dense model's predictions, made once instead of once per keep; each keep adds only its
+    factors and its probe (BENCHMARKS.md, session 19). The measurements equal those each compression
+    would make alone.
+
+    Args:
+        configs: the same plan at up to :data:`MEASURED_KEEPS` keeps (a budget allocation on a model
+            on disk).
+        journals: each config's (:mod:`~svdmlp.compression.journal`); a layer one of them has measured
+            already is not recorded there again.
+        calibration: the output-gradient Grams the compressions share (:func:`collect_calibration`),
+            for the ``fisher`` method.
+    """
+    plans = [{k: v for k, v in c.to_dict().items() if k != "keep"} for c in configs]
+    if any(plan != plans[0] for plan in plans) or configs[0].allocation != "budget":
+        raise ValueError("sensitivities are shared by budget allocations of one plan at different keeps")
+    if len(configs) > MEASURED_KEEPS:
+        raise ValueError(
+            f"at most {MEASURED_KEEPS} keeps' sensitivities are measured at once, got {len(configs)}"
+        )
+    config = configs[0]
+    spec = arch.of_model(model)
+    to_compress = _layers_to_compress(model, spec, config)[2]
+    references = [_rule_ranks(model, spec, c, to_compress) for c in configs]
+    measured = [journal.sensitivities() for journal in journals]
+    to_probe = [i for i in to_compress if any(i not in done for done in measured)]
+    if config.needs_output_grams and (calibration is None or set(to_probe) - set(calibration.outputs)):
+        raise ValueError(
+            "method 'fisher' measures sensitivity with the output-gradient Grams: none were given"
+        )
+    outputs = calibration.outputs if calibration is not None else {}
+    windows = _Windows(model, tokenizer, config, None, arch.bos_token_id(spec, tokenizer))
+    desc = f"sensitivity of keeps {', '.join(f'{c.keep:g}' for c in configs)}"
+    for layers in _measure(model, spec, references, to_probe, {}, outputs, windows, progress, desc):
+        for journal, done, layer in zip(journals, measured, layers, strict=True):
+            if layer.index not in done:
+                journal.measured(layer)
+
+
+class _Windows:
+    """The windows a compression draws, each set drawn once (the calibration windows serve several
+    steps), always before any layer is factorised (``self`` windows are sampled by the dense model)."""
+
+    def __init__(self, model, tokenizer, config: CompressConfig, calibration_text: str | None, bos):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.calibration_text, self.bos = calibration_text, bos
+        self.drawn: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, count: int | None = None, seq_len: int | None = None, seed: int | None = None):
+        key = (count, seq_len, seed)
+        if key not in self.drawn:
+            self.drawn[key] = config_windows(
+                self.tokenizer, self.config, self.calibration_text, count, seq_len, seed, self.bos, self.model
+            )
+        return self.drawn[key]
+
+    def probes(self) -> torch.Tensor:
+        """The windows the sensitivity probes score (:func:`probe_shape`)."""
+        sources = len(source_weights(self.config, self.calibration_text))
+        count, seq_len = probe_shape(sources, self.config.calibration.seq_len)
+        return self(count, seq_len, self.config.seed + 3)
+
+
+def _measure(
+    model, spec, references, to_probe, grams, outputs, windows: _Windows, progress, desc="sensitivity"
+):
+    """:func:`sensitivity.measure` of layers ``to_probe`` at each of ``references``' ranks, on the dense
+    Grams in ``grams`` (one-shot calibration of a model in memory) or else made one layer at a time."""
+    if not to_probe:
+        return
+    if grams or not windows.config.needs_calibration:
+        dense = ((index, grams.get(index)) for index in to_probe)
+    else:
+        dense = _dense_layers(model, spec, windows(), to_probe, outputs)
+    layers = sensitivity.measure(model, spec, references, dense, windows.probes())
+    yield from tqdm(layers, total=len(to_probe), desc=desc, unit="layer", disable=not progress)
 
 
 def _dense_layers(model, spec, tokens, indices, outputs):

@@ -10,20 +10,18 @@ next-token distribution, ``Σ p·(log p − log q)`` averaged over tokens, in na
 The layers before the probed one compute exactly what they computed in the dense pass, so they
 replay their recorded outputs instead (about 40% of SmolLM2's probe forward passes on average).
 
-:func:`allocate` probes every layer at the rank rule's rank, extrapolates each layer's divergence to
-other ranks with its whitened spectra, and lets :func:`svdmlp.compression.ranks.allocate_layer_ranks`
-share the parameter budget out.
+:func:`measure` probes every layer at the rank rule's rank (of one keep, or of each of a sweep's keeps
+at once); :func:`allocate` extrapolates each layer's divergence to other ranks with its whitened spectra,
+and lets :func:`svdmlp.compression.ranks.allocate_layer_ranks` share the parameter budget out.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
-from tqdm.auto import tqdm
 
 from svdmlp import arch, lazy
 from svdmlp.compression import factorise, ranks
@@ -140,74 +138,86 @@ class Probe:
         return kl / self.windows.numel()
 
 
-def allocate(
+def measure(
     model: nn.Module,
     spec: arch.ArchSpec,
-    reference: dict[int, dict[str, int]],
+    references: list[dict[int, dict[str, int]]],
     grams: Iterable[tuple[int, LayerGrams | None]],
     windows: torch.Tensor,
-    keep: float,
-    align: int,
-    progress: bool = True,
-    measured: dict[int, ranks.LayerSensitivity] | None = None,
-    on_measured: Callable[[ranks.LayerSensitivity], None] | None = None,
-) -> tuple[dict[int, dict[str, int]], dict]:
-    """One rank per layer from its measured divergence at the rank rule's rank, within ``keep``'s budget.
+) -> Iterator[list[ranks.LayerSensitivity]]:
+    """Each layer's sensitivity at the ranks of each of ``references``, one list (in their order) per
+    layer that ``grams`` yields.
+
+    Several references (a sweep's keeps) share all but their probes: the layer's Grams, the whitened
+    decompositions that give its spectra, and the dense model's predictions. Each reference adds its
+    factors (float32, cut from the same decomposition) and one probe.
 
     Args:
-        reference: the rank rule's ranks of each layer's projections (the probes' ranks).
-        grams: ``(index, Grams)`` of each of those layers in order, the dense model's (None: the layer
+        references: the ranks of each layer's projections to probe at (the rank rule's, at a keep).
+        grams: ``(index, Grams)`` of the layers to measure in order, the dense model's (None: the layer
             is probed with plain SVD); an iterator, so that the Grams can be made one layer at a time
             (:func:`svdmlp.compression.sequential.calibrated_layers` on the dense model) and dropped
             after the probe. Whitenings computed here stay with Grams the caller keeps.
         windows: the tokens the probes score.
-        measured: layers measured already (by a stopped run): ``grams`` yields only the others.
-        on_measured: called with each layer's measurement as it is made.
-
-    Returns:
-        The ranks of every projection of each layer to factorise (a layer the allocation leaves
-        dense is absent; its rank is None in the record), and what the report records of the probes
-        and the choice.
     """
-    started = time.perf_counter()
     probe = None
-    layers = list((measured or {}).values())
     decoder_layers = arch.decoder_layers(model, spec)
-    total = len(reference) - len(layers)
-    # A bar updated by hand: iterating through tqdm would hold each layer's Grams until the next's are made.
-    bar = tqdm(total=total, desc="sensitivity", unit="layer", disable=not progress)
     for index, layer_grams in grams:
         probe = probe or Probe(model, spec, windows)
-        planned = reference[index]
-        factors, spectra = {}, []
+        factors = [{} for _ in references]
+        spectra = []
         with lazy.held(model, decoder_layers[index]):
-            for name, rank in planned.items():
+            for name in references[0][index]:
                 linear = arch.dense_projection(model, spec, index, name)
                 decomposition = factorise.decomposition(linear.weight, layer_grams, name)
-                factors[name] = decomposition.factors(rank)
+                for chosen, reference in zip(factors, references, strict=True):
+                    chosen[name] = decomposition.factors(reference[index][name])
                 spectra.append(
                     ranks.Spectrum(
                         f"{index}.{name}", linear.in_features, linear.out_features, decomposition.energy
                     )
                 )
                 del decomposition  # its bases (inter² float64 each) before the next projection's
-            divergence = probe.divergence(index, factors)
+            del layer_grams  # before ``grams`` makes the next layer's
+            divergences = [probe.divergence(index, chosen) for chosen in factors]
+        del factors
         # A GLU MLP's matrices all cost hidden + intermediate per rank: the layer's first rank stands for all.
-        rank = next(iter(planned.values()))
-        layers.append(ranks.LayerSensitivity(index, tuple(spectra), divergence, rank))
-        if on_measured is not None:
-            on_measured(layers[-1])
-        del layer_grams, factors  # before ``grams`` makes the next layer's
-        bar.update()
-    bar.close()
-    layers.sort(key=lambda layer: layer.index)
+        yield [
+            ranks.LayerSensitivity(index, tuple(spectra), divergence, next(iter(reference[index].values())))
+            for divergence, reference in zip(divergences, references, strict=True)
+        ]
+
+
+def allocate(
+    reference: dict[int, dict[str, int]],
+    measured: dict[int, ranks.LayerSensitivity],
+    windows: torch.Tensor,
+    keep: float,
+    align: int,
+    seconds: float,
+) -> tuple[dict[int, dict[str, int]], dict]:
+    """One rank per layer from its divergence measured at the rank rule's rank (:func:`measure`), within
+    ``keep``'s budget.
+
+    Args:
+        reference: the rank rule's ranks of each layer's projections (the probes' ranks).
+        measured: every one of those layers' sensitivity, by index.
+        windows: the tokens the probes scored.
+        seconds: the measurement's time, for the report.
+
+    Returns:
+        The ranks of every projection of each layer to factorise (a layer the allocation leaves
+        dense is absent; its rank is None in the record), and what the report records of the probes
+        and the choice.
+    """
+    layers = [measured[index] for index in sorted(reference)]
     allocated = ranks.allocate_layer_ranks(layers, keep, align)
     info = {
         "method": "measured-sensitivity",
         "reference_keep": keep,
         "tokens": windows.numel(),
         "sha256": tokens_hash(windows),
-        "seconds": time.perf_counter() - started,
+        "seconds": seconds,
         "layers": [
             {
                 "index": layer.index,

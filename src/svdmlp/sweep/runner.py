@@ -7,8 +7,13 @@ sweep's settings; resuming with other settings is an error rather than a silentl
 The dense calibration Grams depend on the model, text and seed but not on keep or recipe, so they are
 collected once (by the first point that still has to run and uses them) and shared by every point. A
 model on disk (every local or built-in one, :mod:`svdmlp.lazy`) is compressed one layer at a time at
-every point, and shares only its output-gradient Grams, kept on disk: a sweep then needs about the
-memory of one compression, whatever its number of keeps.
+every point, and shares its output-gradient Grams and its allocations' measurements, kept on disk: a
+sweep then needs about the memory of one compression, whatever its number of keeps.
+
+On a model on disk, budget allocations (``--allocate``) of one method share their measurements across
+keeps: the first point measures each layer once for itself and the next keeps, up to
+:data:`~svdmlp.compression.pipeline.MEASURED_KEEPS` (its dense Grams, whitened decompositions and the dense
+model's predictions; one probe per keep), into each keep's journal, and each point allocates from them.
 
 A stopped sweep also continues inside the point it stopped in: on a model on disk the shared Grams
 (``OUT/.calibration``) and each point's journal and compressed layers (``OUT/.NAME.work``, as
@@ -193,7 +198,8 @@ def stopped(
             done.append(footprint.Done())
             continue
         journal = Journal(_work(out, point), _point_plan(identity, _config(point, base)))
-        done.append(footprint.Done(shared + tuple(journal.done), len(journal.layers())))
+        measured = len(journal.sensitivities())
+        done.append(footprint.Done(shared + tuple(journal.done), len(journal.layers()), measured))
     return done
 
 
@@ -263,6 +269,18 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
                         calibration = _shared_calibration(
                             model, tokenizer, config, calibration, shared, identity, log, prefix
                         )
+                    if journal is not None and config.allocation == "budget" and journal.allocation() is None:
+                        _shared_sensitivities(
+                            model,
+                            tokenizer,
+                            point,
+                            journal,
+                            points[number:],
+                            base,
+                            out,
+                            identity,
+                            calibration,
+                        )
                     report = pipeline.compress(
                         model, tokenizer, config, calibration=calibration, journal=journal
                     )
@@ -301,8 +319,30 @@ def _journal(model, config: CompressConfig, identity: dict, work: Path, log, pre
         return None
     journal = Journal(work, _point_plan(identity, config))
     if journal.summary():
-        log(f"{prefix} continuing the stopped point in {work}: {journal.summary()} done")
+        log(f"{prefix} continuing from {work}: {journal.summary()} done")
     return journal
+
+
+def _shared_sensitivities(
+    model, tokenizer, point: Point, journal: Journal, later: list[Point], base, out, identity, calibration
+) -> None:
+    """Measure the sensitivities of ``point`` and of the next points of its method (its other keeps)
+    in one pass, into their journals (:func:`pipeline.measure_sensitivities`): their allocations then
+    share each layer's Grams and decompositions instead of making them once per keep. A point joins
+    when it has measured the same layers as ``point`` (none, or those of a pass they shared)."""
+    configs, journals = [_config(point, base)], [journal]
+    layers = set(journal.sensitivities())
+    for other in later:
+        if len(configs) == pipeline.MEASURED_KEEPS:
+            break
+        if other.method == point.method and other.factor_bits == 16 and not point_path(out, other).is_file():
+            config = _config(other, base)
+            theirs = Journal(_work(out, other), _point_plan(identity, config))
+            if theirs.allocation() is None and set(theirs.sensitivities()) == layers:
+                configs.append(config)
+                journals.append(theirs)
+    if len(configs) > 1:
+        pipeline.measure_sensitivities(model, tokenizer, configs, journals, calibration)
 
 
 def _shared_calibration(
