@@ -71,7 +71,8 @@ def main() -> None:
         "speedup": sum(seconds for seconds, _ in alone) / shared_seconds,
         "equal": equal,
         "kl": {
-            f"{c.keep:g}": {i: s.kl for i, s in j.sensitivities().items()} for c, j in zip(configs, shared)
+            f"{c.keep:g}": {i: s.kl for i, s in j.sensitivities().items()}
+            for c, j in zip(configs, shared, strict=True)
         },
     }
     print(json.dumps(result, indent=1))
