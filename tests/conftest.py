@@ -229,6 +229,28 @@ def backward_stopped_at(monkeypatch, layer: int):
         monkeypatch.setattr(output_grams, "_backward_through", through)
 
 
+@contextmanager
+def forward_stopped_at(monkeypatch, layer: int):
+    """Inside the block the calibration's forward pass stops (Ctrl-C) as it is about to keep the inputs
+    of ``layer``; the layers whose inputs it kept before are appended to the list yielded. Restored
+    after the block."""
+    from svdmlp.compression import output_grams
+
+    put, kept = output_grams._LayerInputs.put, []
+
+    def stopping(self, index, *args):
+        if index == layer:
+            raise KeyboardInterrupt
+        kept.append(index)
+        return put(self, index, *args)
+
+    monkeypatch.setattr(output_grams._LayerInputs, "put", stopping)
+    try:
+        yield kept
+    finally:
+        monkeypatch.setattr(output_grams._LayerInputs, "put", put)
+
+
 def count_calls(monkeypatch, module, name: str) -> list:
     """Wrap ``module.name`` so that each call appends to the returned list (then calls through)."""
     calls, real = [], getattr(module, name)

@@ -16,6 +16,7 @@ from conftest import (
     assert_cli_error,
     backward_stopped_at,
     count_calls,
+    forward_stopped_at,
     run_cli,
     snapshot,
     tiny_model,
@@ -318,19 +319,22 @@ def test_a_run_stopped_in_the_allocation_measures_only_the_layers_left(saved_mod
         torch.testing.assert_close(continued[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_a_run_stopped_in_the_calibrations_backward_pass_continues_from_its_layer(
-    saved_model, monkeypatch, capsys
-):
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_run_stopped_in_its_calibration_continues_from_its_layer(saved_model, monkeypatch, capsys, where):
     root = saved_model
     assert main(_command(root, root / "whole")) == 0
-    with backward_stopped_at(monkeypatch, 0) as backward:
+    stop = forward_stopped_at(monkeypatch, 2) if where == "forward" else backward_stopped_at(monkeypatch, 0)
+    with stop as ran:
         assert main(_command(root, root / "ckpt")) == 130
-    assert backward == [2, 1]
+    assert ran == ([0, 1] if where == "forward" else [2, 1])
     forward = count_calls(monkeypatch, output_grams, "_forward_and_head")
+    layers_kept = count_calls(monkeypatch, output_grams._LayerInputs, "put")
     code, _, err = run_cli(capsys, *_command(root, root / "ckpt"))
     assert code == 0, err
-    assert "continuing the stopped run" in err and "the calibration's backward pass down to layer 1" in err
-    assert forward == []  # the hidden states and the head's gradient were kept
+    kept = {"forward": "forward pass up to layer 2", "backward": "backward pass down to layer 1"}[where]
+    assert "continuing the stopped run" in err and f"the calibration's {kept}" in err
+    # Forward: layer 2's inputs only are kept again; backward: the hidden states and the head's gradient were kept.
+    assert (len(forward), len(layers_kept)) == ((1, 1) if where == "forward" else (0, 0))
     whole, continued = _factors(root / "whole"), _factors(root / "ckpt")
     assert whole.keys() == continued.keys()
     for name, tensor in whole.items():

@@ -7,7 +7,15 @@ import json
 import pytest
 import torch
 
-from conftest import SAMPLE_TEXT, backward_stopped_at, count_calls, run_cli, save_tiny_llama, tiny_sweep_argv
+from conftest import (
+    SAMPLE_TEXT,
+    backward_stopped_at,
+    count_calls,
+    forward_stopped_at,
+    run_cli,
+    save_tiny_llama,
+    tiny_sweep_argv,
+)
 from svdmlp.cli import main
 from svdmlp.compression import factorise, output_grams, pipeline
 from svdmlp.evaluate import harness, tasks
@@ -220,7 +228,8 @@ def test_quantized_baselines_and_factors_are_points_at_their_bytes(tmp_path, tok
     assert "dense-int4-gptq.json was made with other compress" in capsys.readouterr().err
 
 
-def test_a_sweep_stopped_in_the_calibrations_backward_pass_keeps_it(tmp_path, tokenizer, monkeypatch, capsys):
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_sweep_stopped_in_its_calibration_keeps_it(tmp_path, tokenizer, monkeypatch, capsys, where):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
     text = tmp_path / "text.txt"
@@ -228,11 +237,15 @@ def test_a_sweep_stopped_in_the_calibrations_backward_pass_keeps_it(tmp_path, to
     assert main(tiny_sweep_argv(model_dir, text, tmp_path / "whole", "0.5", "fisher")) == 0
     out = tmp_path / "out"
     argv = tiny_sweep_argv(model_dir, text, out, "0.5", "fisher")
-    with backward_stopped_at(monkeypatch, 0):
+    stop = forward_stopped_at(monkeypatch, 1) if where == "forward" else backward_stopped_at(monkeypatch, 0)
+    with stop:
         assert main(argv) == 130
-    assert output_grams.stopped_at(out / ".calibration") == 0  # kept for the rerun
+    kept = {"forward": "forward pass up to layer 1", "backward": "backward pass down to layer 1"}[where]
+    assert output_grams.kept(out / ".calibration") == f"the calibration's {kept}"  # kept for the rerun
     forward = count_calls(monkeypatch, output_grams, "_forward_and_head")
-    assert main(argv) == 0 and forward == []
+    layers_kept = count_calls(monkeypatch, output_grams._LayerInputs, "put")
+    assert main(argv) == 0
+    assert len(forward) == (where == "forward") and len(layers_kept) == (where == "forward")  # layer 1's only
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
     point = "fisher-keep0.5.json"
     whole = json.loads((tmp_path / "whole" / "points" / point).read_text())

@@ -30,7 +30,7 @@ import torch.nn as nn
 from svdmlp import arch, lazy, lowrank
 from svdmlp.compression.calibration import Calibration
 from svdmlp.compression.heal import distill
-from svdmlp.compression.output_grams import OutputGrams, stopped_at
+from svdmlp.compression.output_grams import OutputGrams, kept
 from svdmlp.compression.ranks import LayerSensitivity, Spectrum
 from svdmlp.compression.report import LayerRecord
 from svdmlp.config import CompressConfig
@@ -86,9 +86,9 @@ class Journal:
     def summary(self) -> str:
         """What a continued run will not redo, for its first lines ("" when nothing)."""
         parts = list(self.done)
-        stopped = stopped_at(self.directory) if "calibration" not in self.state else None
-        if stopped is not None:
-            parts.append(f"the calibration's backward pass down to layer {stopped + 1}")
+        calibration = kept(self.directory) if "calibration" not in self.state else ""
+        if calibration:
+            parts.append(calibration)
         if self.state.get("sensitivities"):  # the allocation was stopped
             parts.append(f"{len(self.state['sensitivities'])} layers' sensitivity")
         if self.state.get("layers"):

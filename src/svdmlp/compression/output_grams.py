@@ -241,6 +241,11 @@ def collect_output_grams(
 GRADIENT_FILE = "output-grams-gradient.safetensors"
 
 
+# In a spill directory, the hidden states entering each layer that the forward pass has reached (their
+# files' names start with this).
+INPUTS = "inputs-"
+
+
 def _grams_path(spill: Path | None, index: int) -> Path | None:
     return None if spill is None else Path(spill) / f"output-grams-{index:05d}.safetensors"
 
@@ -292,13 +297,25 @@ def _read_batches(handle, device) -> list[torch.Tensor]:
 
 
 def stopped_at(spill: Path) -> int | None:
-    """The next layer a backward sweep stopped in ``spill`` would run back through, or None: what a
-    stopped run keeps its directory for."""
+    """The next layer a backward sweep stopped in ``spill`` would run back through, or None."""
     path = Path(spill) / GRADIENT_FILE
     if not path.is_file():
         return None
     with safe_open(path, framework="pt") as handle:
         return int((handle.metadata() or {}).get("next", -1))
+
+
+def kept(spill: Path) -> str:
+    """What a calibration stopped in ``spill`` kept to continue from, in words ("" when nothing): the
+    layer its backward pass had come down to, or the layer its forward pass had reached; what a stopped
+    run keeps its directory for."""
+    backward = stopped_at(spill)
+    if backward is not None:
+        return f"the calibration's backward pass down to layer {backward + 1}"
+    forward = [int(path.stem.removeprefix(INPUTS)) for path in Path(spill).glob(f"{INPUTS}*.safetensors")]
+    if forward:
+        return f"the calibration's forward pass up to layer {max(forward) + 1}"
+    return ""
 
 
 def _stopped_sweep(spill: Path | None, sweep: dict, device) -> tuple[int, list[torch.Tensor]] | None:
@@ -326,7 +343,7 @@ class _LayerInputs:
         self.spill, self.kept = spill, {}
 
     def _path(self, index: int) -> Path:
-        return Path(self.spill) / f"inputs-{index:05d}.safetensors"
+        return Path(self.spill) / f"{INPUTS}{index:05d}.safetensors"
 
     def put(self, index: int, batches: list[torch.Tensor], sweep: dict) -> None:
         """Keep the inputs of layer ``index``; on disk atomically, with what identifies the ``sweep``."""

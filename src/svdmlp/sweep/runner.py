@@ -161,7 +161,7 @@ def run_sweep(
         finished = True
         return records
     finally:
-        stopped_calibration = output_grams.stopped_at(shared) is not None
+        stopped_calibration = bool(output_grams.kept(shared))
         if not finished and not (shared / JOURNAL_FILE).is_file() and not stopped_calibration:
             for path in shared.glob("*"):  # Grams of a calibration stopped before it was recorded
                 if path.is_file():
