@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -317,11 +318,21 @@ def test_a_sweeps_keeps_share_their_allocations_measurements_three_at_a_time(
     model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)
     text = tmp_path / "text.txt"
     text.write_text(SAMPLE_TEXT, encoding="utf-8")
-    passes = count_calls(monkeypatch, sensitivity, "measure")
+    measure, passes = sensitivity.measure, []
+
+    def slow(*args, **kwargs):  # each pass takes at least 0.3 s: the points' timings tell who made it
+        passes.append(1)
+        time.sleep(0.3)
+        yield from measure(*args, **kwargs)
+
+    monkeypatch.setattr(sensitivity, "measure", slow)
     probes = count_calls(monkeypatch, sensitivity.Probe, "divergence")
     argv = tiny_sweep_argv(model_dir, text, tmp_path / "out", "0.9,0.8,0.7,0.5", "svd+allocate")
     assert main(argv) == 0
     assert len(passes) == 2  # keeps 0.9-0.7 together, then 0.5 alone; the others' allocations only choose
     assert len(probes) == 4 * 2  # each keep probes each of the two layers once
     records = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "out" / "points").iterdir()}
-    assert [records[f"svd+allocate-keep{k}"]["timings"]["allocation"] > 0 for k in (0.9, 0.5)] == [True, True]
+    timings = {k: records[f"svd+allocate-keep{k}"]["timings"]["allocation"] for k in (0.9, 0.8, 0.7, 0.5)}
+    assert timings[0.9] >= 0.3 and timings[0.5] >= 0.3  # the first point's time counts the pass it made
+    assert timings[0.8] < 0.3 and timings[0.7] < 0.3
+    assert records["svd+allocate-keep0.9"]["compress_seconds"] > timings[0.9]

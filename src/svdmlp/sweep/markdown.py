@@ -218,8 +218,9 @@ def write_report(out: Path, records: list[dict], command: str, bench: speed.Benc
         "- MLP MB: the MLP's bytes, packed with their fp16 scales where quantized, else two per parameter "
         "(bf16, as checkpoints are saved); quantized factors leave the layers the allocation kept dense in bf16.",
         "- compress s: wall seconds of compression when the point ran (with the rounding, for quantized "
-        "weights); a resumed sweep's points may come from runs on differently loaded machines, and within "
-        "one run the keeps after the first reuse its whitenings.",
+        "weights), with what it made for the points after it too (the output-gradient Grams, the allocation's "
+        "measurements, the whitenings): the first point of a run pays for what the others reuse; a resumed "
+        "sweep's points may come from runs on differently loaded machines.",
         "",
         _table(records, texts, tasks),
         "",

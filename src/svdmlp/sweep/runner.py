@@ -265,26 +265,24 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
                 else:
                     config = _config(point, base)
                     journal = _journal(model, config, identity, work, log, prefix)
+                    shared_seconds = {}  # of the work this point does for the later ones too
                     if pipeline.shared_calibration(model, config):
+                        begun = time.perf_counter()
                         calibration = _shared_calibration(
                             model, tokenizer, config, calibration, shared, identity, log, prefix
                         )
+                        shared_seconds["calibration"] = time.perf_counter() - begun
                     if journal is not None and config.allocation == "budget" and journal.allocation() is None:
+                        begun = time.perf_counter()
+                        later = points[number:]
                         _shared_sensitivities(
-                            model,
-                            tokenizer,
-                            point,
-                            journal,
-                            points[number:],
-                            base,
-                            out,
-                            identity,
-                            calibration,
+                            model, tokenizer, point, journal, later, base, out, identity, calibration
                         )
+                        shared_seconds["allocation"] = time.perf_counter() - begun
                     report = pipeline.compress(
                         model, tokenizer, config, calibration=calibration, journal=journal
                     )
-                    record.update(_compressed(report))
+                    record.update(_compressed(report, shared_seconds))
                     if any(p.floating == point and not point_path(out, p).is_file() for p in points[number:]):
                         checkpoint.save(
                             kept, model, tokenizer, config, report, identity["model"], dtype=dtype
@@ -387,11 +385,16 @@ def _dense(model, tokenizer, point: Point, base: CompressConfig) -> dict:
     return {**record, "quantization": quantization, "compress_seconds": time.perf_counter() - started}
 
 
-def _compressed(report: CompressionReport) -> dict:
+def _compressed(report: CompressionReport, shared: dict[str, float] | None = None) -> dict:
+    """A compressed point's record; ``shared``: the seconds of each step's work that this point did
+    before its compression, for itself and the points after it (the Grams and measurements they
+    share), counted in its time."""
+    shared = shared or {}
+    steps = dict.fromkeys([*shared, *report.timings])
     return {
         "achieved_keep": report.achieved_keep,
-        "compress_seconds": report.seconds,
-        "timings": report.timings,
+        "compress_seconds": report.seconds + sum(shared.values()),
+        "timings": {step: report.timings.get(step, 0.0) + shared.get(step, 0.0) for step in steps},
         "calibration": report.calibration,
         "params": report.params_after,
         "healing": report.healing,  # distillation's validation KL before and after, reverted or not
