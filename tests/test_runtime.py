@@ -42,3 +42,20 @@ def test_freed_memory_goes_back_to_the_system_where_glibc_allows():
 
     changed = return_freed_memory()
     assert changed == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
+def test_peak_memory_is_the_processes_high_water_mark(monkeypatch):
+    from pathlib import Path
+
+    from svdmlp.runtime import peak_memory
+
+    held = torch.ones(64 * 2**20 // 4)  # 64 MiB touched: the mark is at least the live set
+    status = Path("/proc/self/status").read_text()
+    high_water = (
+        next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")) * 1024
+    )
+    peaks = peak_memory(torch.device("cpu"))
+    assert peaks.keys() == {"host"} and peaks["host"] >= held.numel() * 4
+    assert abs(peaks["host"] - high_water) < 16 * 2**20  # what /usr/bin/time -v would say
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 123)
+    assert peak_memory(torch.device("cuda"))["cuda"] == 123

@@ -6,6 +6,8 @@ asked otherwise.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 DEVICE_DEFAULTS = (None, "", "auto")
@@ -64,3 +66,16 @@ def return_freed_memory() -> bool:
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     except (OSError, AttributeError):  # not glibc: no mallopt
         return False
+
+
+def peak_memory(device: torch.device) -> dict[str, int]:
+    """This process's peak memory so far, in bytes: ``host``, its resident set's high-water mark (what
+    ``/usr/bin/time -v`` reports), and on a CUDA ``device`` also ``cuda``, the most torch's allocator
+    has held there (the CUDA context and the libraries' workspaces come on top)."""
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peaks = {"host": rss if sys.platform == "darwin" else rss * 1024}  # bytes on macOS, KiB on Linux
+    if device.type == "cuda":
+        peaks["cuda"] = torch.cuda.max_memory_allocated(device)
+    return peaks

@@ -88,3 +88,13 @@ def test_the_decode_tile_sweep_dry_runs(tmp_path):
         else:
             assert [r["launch"] for r in records] == ["shrink", "gated_expand+down", "down_expand"] * 2
             assert all(v["error"] is None for r in records for v in r["variants"])
+
+
+def test_the_compression_script_dry_runs(model_dir, tmp_path):
+    result = _dry_run("gpu_compress.sh", tmp_path / "out", model_dir)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for name in ("llama-1b-2", "llama-1b-4"):
+        record = json.loads((tmp_path / "out" / f"{name}.json").read_text())
+        assert record["peak_memory_bytes"]["host"] > 0, name
+        assert "peak memory " in (tmp_path / "out" / f"{name}.txt").read_text()
+    assert "llama-1b-4 exit status: 0" in result.stdout

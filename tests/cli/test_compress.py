@@ -38,6 +38,8 @@ def test_compress_prints_layer_table_and_summary(compressed, tmp_path, capsys):
     assert lines[3].split()[:4] == ["1", "compressed", "16/16/16", "0.417/0.417/0.417"]
     assert "MLP parameters 36,864 -> 15,360 (achieved keep 0.4167); model 102,720 -> 81,216 (0.7907)" in out
     assert f"saved {out_dir.resolve()}" in out
+    peak = next(line for line in lines if line.startswith("peak memory "))
+    assert 0.1 < float(peak.split()[2]) < 64 and "(predicted " in peak and "GPU" not in peak  # GB, the host's
     metadata = checkpoint.read_metadata(out_dir)
     assert metadata["dtype"] == "bfloat16"  # --save-dtype default
     assert metadata["base_model"] == str(model_dir)

@@ -212,8 +212,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
     import torch
 
     from svdmlp import checkpoint, models
-    from svdmlp.compression import pipeline, report
-    from svdmlp.runtime import return_freed_memory
+    from svdmlp.compression import footprint, pipeline, report
+    from svdmlp.runtime import peak_memory, return_freed_memory
 
     shapes, on_disk = options.model_shapes(args.model)
     compress_config = config(args, shapes.inter)
@@ -277,10 +277,16 @@ def run(args: argparse.Namespace) -> options.Outcome:
             print(line)
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result.timings.items())
     print(f"compress wall time {time.perf_counter() - started:.1f} s ({phases}); saved {path}")
+    peaks = peak_memory(device)
+    gpu = f", GPU {peaks['cuda'] / footprint.GB:.2f} GB (torch's allocator)" if "cuda" in peaks else ""
+    print(
+        f"peak memory {peaks['host'] / footprint.GB:.2f} GB (predicted {predicted.peak[1] / footprint.GB:.1f}){gpu}"
+    )
     record = {
         "checkpoint": str(path),
         "config": compress_config.to_dict(),
         "report": result.to_dict(),
         "predicted": predicted.to_dict(),
+        "peak_memory_bytes": peaks,
     }
     return options.Outcome(0, record)
