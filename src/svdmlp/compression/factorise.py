@@ -34,11 +34,11 @@ def _projection(weight: torch.Tensor, factors: Factors | None = None):
 
 
 def _down_grams(model, spec, index, factors, inputs, dense_gram) -> closed_form.DownGrams:
-    """Grams of down's inputs with the dense and with the (already factorised) gate and up."""
-    weights = {name: arch.dense_projection(model, spec, index, name).weight for name in ("gate", "up")}
+    """Statistics of down's inputs with the dense and with the (already factorised) gate and up."""
+    weights = {name: arch.dense_projection(model, spec, index, name).weight for name in arch.PROJECTIONS}
     dense = tuple(_projection(weights[name]) for name in ("gate", "up"))
     compressed = tuple(_projection(weights[name], factors.get(name)) for name in ("gate", "up"))
-    return closed_form.down_grams(inputs, dense, compressed, spec.activation, dense_gram)
+    return closed_form.down_grams(inputs, dense, compressed, spec.activation, dense_gram, weights["down"])
 
 
 def layer(

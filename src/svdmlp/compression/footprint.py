@@ -375,17 +375,19 @@ def predict(
         memory["allocation"] = per_layer + max(decomposing, probe)
         probing = 2 * shapes.params * probe_tokens / 2 / speed.f32
         seconds["allocation"] = max(0, compressed - measured) * (factorise + len(probed) * probing)
-    # A layer's peak: decomposing a projection beside its input Grams, or closed form's two Grams (one
-    # of which becomes its own root), a strip of their update, and its MLP inputs.
-    closed_form = (2 * i * i * F64 + _strip_bytes(i) + hidden_states) if config.heals_closed_form else 0
+    # A layer's peak: decomposing a projection beside its input Grams, or closed form's Gram of the
+    # compressed intermediate (which becomes its own root) and W·Cᵀ, a strip of their update, and the
+    # MLP's inputs.
+    closed_form = (i * i + h * i) * F64 + _strip_bytes(i) + hidden_states if config.heals_closed_form else 0
     # Only one-shot factorising in memory after allocation keeps every layer's input Grams (the probes').
     reused = not on_disk and not config.sequential and config.allocation == "budget"
     memory["factorisation"] = (
         per_layer + max(decomposing, closed_form) + (compressed * input_grams if reused else 0)
     )
-    # Closed form: its two inter² Grams (one a product of two batches), their root, and W·Cᵀ, the
-    # triangular solve, the target and two errors through inter² matrices (about 7·h·i² in float64).
-    closed = tokens * 2 * i * i / speed.f32 + grams(i) + speed.root(i) + 7 * h * i * i / speed.f64
+    # Closed form: its inter² Gram and root, W·Cᵀ from the dense outputs W·h (two hidden × inter
+    # products a token), the triangular solve, the target and two errors through inter² matrices (about
+    # 5·h·i² in float64).
+    closed = tokens * 4 * h * i / speed.f32 + grams(i) + speed.root(i) + 5 * h * i * i / speed.f64
     seconds["factorisation"] = (forward / speed.f32 if config.sequential else 0) + compressed * (
         factorise + (closed if config.heals_closed_form else 0)
     )

@@ -42,15 +42,16 @@ def _activations(seed, gate_up_rank):
         (_fn(gate, gate_lr), _fn(up, up_lr)),
         "silu",
         dense_gram=h.T @ h,
+        weight=down,
     )
     return down, h, h_tilde, grams
 
 
 def test_down_grams_match_explicit_activations():
-    _, h, h_tilde, grams = _activations(0, 6)
+    down, h, h_tilde, grams = _activations(0, 6)
     for actual, expected in (
         (grams.compressed, h_tilde.T @ h_tilde),
-        (grams.cross, h_tilde.T @ h),
+        (grams.weight_cross, down.double() @ (h_tilde.T @ h).T),  # W·Cᵀ, C never formed
     ):
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4 * float(expected.abs().max()))
 
@@ -96,7 +97,7 @@ def test_exact_gate_and_up_give_the_plain_whitened_svd():
     gate, up, down, x, _, _ = _mlp(3, 6)
     exact = (_fn(gate), _fn(up))
     h = activate(x @ gate.double().T, "silu") * (x @ up.double().T)
-    grams = heal.down_grams([x.float()], exact, exact, "silu", dense_gram=h.T @ h)
+    grams = heal.down_grams([x.float()], exact, exact, "silu", dense_gram=h.T @ h, weight=down)
     plain = decompose.whitened_svd(down, decompose.Whitening.from_gram(grams.dense), 6)
     healed = heal.compensating_down(down, grams, 6, plain)
     assert healed.after == pytest.approx(healed.before, rel=1e-5)
@@ -140,6 +141,5 @@ def test_a_reloadable_compressed_gram_becomes_its_root_with_the_same_fit():
     saved = grams.compressed.clone()
     consumed = heal.compensating_down(down, grams, 5, before, reload=saved.clone)
     assert grams.compressed is None  # its memory is the root's now
-    assert grams.cross is None  # dropped once W·Cᵀ was made, before the root
     assert (consumed.before, consumed.after) == pytest.approx((copied.before, copied.after), rel=1e-9)
     torch.testing.assert_close(consumed.factors.u, copied.factors.u, rtol=0, atol=0)
