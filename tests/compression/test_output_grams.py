@@ -143,6 +143,28 @@ def test_grams_do_not_depend_on_how_many_rows_are_gathered_per_update(monkeypatc
             )
 
 
+@pytest.mark.parametrize("spilled", [False, True])
+def test_the_backward_pass_holds_two_copies_of_the_hidden_states(tmp_path, monkeypatch, spilled):
+    # The windows' hidden states are the calibration's largest tensors after the Grams: the batches'
+    # last ones are dropped before the backward pass, and each layer's inputs and output gradients are
+    # let go batch by batch as the gradients below them are made.
+    model = tiny_model("llama")
+    spec = arch.resolve(model.config.model_type)
+    through, seen = output_grams._backward_through, []
+
+    def watched(model, spec, index, batches, inputs, gradients, *args):
+        below = through(model, spec, index, batches, inputs, gradients, *args)
+        seen.append((all(batch.hidden is None for batch in batches), len(inputs), len(gradients), len(below)))
+        return below
+
+    monkeypatch.setattr(output_grams, "_backward_through", watched)
+    spill = tmp_path if spilled else None
+    output_grams.collect_output_grams(
+        model, spec, _windows(), [0, 1], batch_size=2, progress=False, spill=spill, windows_sha256=SHA
+    )
+    assert seen == [(True, 0, 0, 2), (True, 0, 0, 2)]  # two batches of the three windows, each layer
+
+
 def _uniform(rows: int, seed: int) -> torch.Tensor:
     return torch.rand(rows, 1, generator=torch.Generator().manual_seed(seed))
 

@@ -218,6 +218,8 @@ def collect_output_grams(
             for index in wanted
             if index > top
         }
+        for batch in batches:  # each layer's inputs come from ``inputs``: the last ones here are not needed
+            batch.hidden = None
         order = range(top, first - 1, -1)
         for index in tqdm(order, desc="output grams (backward)", unit="layer", disable=not progress):
             gradients = _backward_through(
@@ -383,7 +385,10 @@ class _LayerInputs:
 
 def _backward_through(model, spec, index, batches, inputs, gradients, grams, wanted) -> list[torch.Tensor]:
     """Run layer ``index`` again on its ``inputs`` and take the loss ``gradients`` at its output to
-    its input; a chosen layer adds its projections' output-gradient Grams into ``grams[index]``."""
+    its input; a chosen layer adds its projections' output-gradient Grams into ``grams[index]``.
+
+    Both lists are emptied batch by batch as the gradients below are made, so that the layer holds two
+    copies of the windows' hidden states, not three (0.7 GB each for Qwen2.5-Coder-1.5B's 224 windows)."""
     layer = arch.decoder_layers(model, spec)[index]
     handles, buffered = [], []
     with lazy.held(model, layer):
@@ -396,11 +401,17 @@ def _backward_through(model, spec, index, batches, inputs, gradients, grams, wan
                 projection = getattr(mlp, spec.projection(name))
                 handles.append(projection.register_forward_hook(_gradient_gram_hook(buffered[-1])))
         try:
+            if not len(batches) == len(inputs) == len(gradients):
+                raise ValueError(
+                    f"{len(batches)} batches, {len(inputs)} inputs and {len(gradients)} gradients"
+                )
             below = []
-            for batch, hidden, gradient in zip(batches, inputs, gradients, strict=True):
+            for batch in batches:
+                hidden, gradient = inputs.pop(0), gradients.pop(0)
                 below.append(input_gradient(layer, hidden, batch.kwargs[index], gradient))
                 if index in wanted:
                     grams[index].tokens += hidden.shape[0] * hidden.shape[1]
+                del hidden, gradient
         finally:
             for handle in handles:
                 handle.remove()
