@@ -120,3 +120,6 @@ def test_only_one_plan_at_several_keeps_shares_its_sensitivities(tokenizer, tmp_
         configs = [replace(budget, allocation=other.allocation), other]
         with pytest.raises(ValueError, match="budget allocations of one plan at different keeps"):
             pipeline.measure_sensitivities(tiny_model("llama"), tokenizer, configs, journals, progress=False)
+    four = [replace(budget, keep=keep) for keep in (0.9, 0.8, 0.7, 0.6)]
+    with pytest.raises(ValueError, match="at most 3 keeps' sensitivities are measured at once, got 4"):
+        pipeline.measure_sensitivities(tiny_model("llama"), tokenizer, four, journals * 2, progress=False)
