@@ -1,4 +1,5 @@
 import functools
+import weakref
 
 import pytest
 import torch
@@ -146,15 +147,26 @@ def test_grams_do_not_depend_on_how_many_rows_are_gathered_per_update(monkeypatc
 @pytest.mark.parametrize("spilled", [False, True])
 def test_the_backward_pass_holds_two_copies_of_the_hidden_states(tmp_path, monkeypatch, spilled):
     # The windows' hidden states are the calibration's largest tensors after the Grams: the batches'
-    # last ones are dropped before the backward pass, and each layer's inputs and output gradients are
-    # let go batch by batch as the gradients below them are made.
+    # last ones are dropped before the backward pass, each layer's inputs are taken one batch at a time
+    # (from disk, a copy each: tensors mapping the file would keep its pages resident) and its output
+    # gradients let go batch by batch as the gradients below them are made.
     model = tiny_model("llama")
     spec = arch.resolve(model.config.model_type)
     through, seen = output_grams._backward_through, []
 
     def watched(model, spec, index, batches, inputs, gradients, *args):
-        below = through(model, spec, index, batches, inputs, gradients, *args)
-        seen.append((all(batch.hidden is None for batch in batches), len(inputs), len(gradients), len(below)))
+        taken = []
+
+        def one_at_a_time():
+            for hidden in inputs:
+                # The batch before is let go as this one is handed on (zip holds it while reading this).
+                assert all(ref() is None for ref in taken[:-1]), "an earlier batch's inputs are still held"
+                taken.append(weakref.ref(hidden))
+                yield hidden
+                del hidden
+
+        below = through(model, spec, index, batches, one_at_a_time(), gradients, *args)
+        seen.append((all(batch.hidden is None for batch in batches), len(taken), len(gradients), len(below)))
         return below
 
     monkeypatch.setattr(output_grams, "_backward_through", watched)
@@ -162,7 +174,7 @@ def test_the_backward_pass_holds_two_copies_of_the_hidden_states(tmp_path, monke
     output_grams.collect_output_grams(
         model, spec, _windows(), [0, 1], batch_size=2, progress=False, spill=spill, windows_sha256=SHA
     )
-    assert seen == [(True, 0, 0, 2), (True, 0, 0, 2)]  # two batches of the three windows, each layer
+    assert seen == [(True, 2, 0, 2), (True, 2, 0, 2)]  # two batches of the three windows, each layer
 
 
 def _uniform(rows: int, seed: int) -> torch.Tensor:
