@@ -80,6 +80,34 @@ def test_each_step_of_the_default_recipe_on_disk_is_predicted_within_a_fifth(ste
     assert 0.85 * measured * footprint.GB <= predicted <= 1.2 * measured * footprint.GB
 
 
+QWEN_15B = footprint.Shapes(
+    hidden=1536, inter=8960, layers=28, vocab=151936, layer_params=46_795_776, tied=False, heads=12
+)
+
+
+# The calibration's peak, in its backward pass: Qwen2.5-Coder-1.5B on its default 224 windows at 5.02 GB,
+# two copies of the windows' hidden states (0.7 GB each) beside a layer's Grams (BENCHMARKS.md, session
+# 20, once a third copy was removed); the Llama-3.1-8B-shaped layer on 5 windows at 6.52 GB (session 18).
+@pytest.mark.parametrize(
+    ("shapes", "windows", "layers", "measured"), [(QWEN_15B, 224, 28, 5.02), (LLAMA_8B, 5, 1, 6.52)]
+)
+def test_the_calibration_is_predicted_within_a_fifth_of_its_measured_peak(shapes, windows, layers, measured):
+    config = _config(calibration=CalibrationSpec("general", windows, 512))
+    predicted = footprint.predict(shapes, config, layers, True, RATES).memory["calibration"]
+    assert 0.85 * measured * footprint.GB <= predicted <= 1.2 * measured * footprint.GB
+
+
+def test_a_model_in_memory_keeps_every_layers_calibration_inputs_in_memory():
+    def calibration(on_disk: bool, windows: int) -> float:
+        config = _config(calibration=CalibrationSpec("general", windows, 512))
+        return footprint.predict(QWEN_15B, config, 28, on_disk, RATES).memory["calibration"]
+
+    grown_in_memory = calibration(False, 224) - calibration(False, 112)
+    grown_on_disk = calibration(True, 224) - calibration(True, 112)
+    more_states = 112 * 513 * QWEN_15B.hidden * 4  # one copy of the hidden states of 112 more windows
+    assert grown_in_memory - grown_on_disk == pytest.approx(28 * more_states)  # one copy a layer
+
+
 def test_distillation_holds_the_whole_model_only_in_memory():
     config = _config(heal="closed-form+lora", lora=LoraSpec(16, 3e-5, 512))
     in_memory = footprint.predict(LLAMA_1B, config, 16, False, RATES)

@@ -287,6 +287,12 @@ def _logit_block(tokens: int, vocab: int) -> float:
     return min(LOGIT_BLOCK_BYTES, tokens * vocab * F32)
 
 
+def _layer_record(shapes: Shapes, seq: int) -> float:
+    """What autograd keeps of one ``seq``-token window through a decoder layer for its backward pass:
+    the attention probabilities and a few activations per width."""
+    return (shapes.heads * seq * seq + 8 * seq * (shapes.hidden + shapes.inter)) * F32
+
+
 def _strip_bytes(n: int) -> float:
     """One strip of a Gram's update (``gram.accumulate_gram``): its float32 product and float64 copy."""
     return n * math.ceil(n / GRAM_BLOCKS) * (F32 + F64)
@@ -338,13 +344,27 @@ def predict(
         return Footprint(memory, seconds, rates, disk)
     fisher = config.needs_output_grams
     if fisher:
-        # On disk: one layer's Grams, and the float32 copy of one of them as it is spilled.
-        held = output_grams + i * i * F32 if on_disk else compressed * output_grams
         # The head's gradient: the output embedding and a few rows of logits at a time
         # (layer_inputs.head_gradient), beside the windows' hidden states and their gradients.
         head = (vocab * h * F32 if on_disk else 0) + _logit_block(window, vocab) * LOGIT_COPIES
-        gathered = GRAM_ROWS * (2 * i + h) * F32  # the gradients' rows waiting for their Grams' update
-        memory["calibration"] = model + 2 * hidden_states + max(head, layer + held + gathered)
+        # A layer of the backward pass holds its output-gradient Grams (on disk one layer's; in memory
+        # every layer's so far). While the windows run back through it, one at a time: the gradients at
+        # its output (going) and at its input (coming), two copies of the hidden states, the gradients'
+        # rows waiting for their Grams' update, a strip of that update and one window's autograd
+        # record. Then, on disk, each Gram's float32 copy as it is spilled, beside the input gradients.
+        held = output_grams if on_disk else compressed * output_grams
+        running = (
+            2 * hidden_states
+            + GRAM_ROWS * (2 * i + h) * F32
+            + _strip_bytes(i)
+            + _layer_record(shapes, window)
+        )
+        spilling = hidden_states + (i * i * F32 if on_disk else 0)
+        # In memory, the forward pass keeps every layer's inputs there until the backward pass takes them.
+        inputs = 0 if on_disk else shapes.layers * hidden_states
+        memory["calibration"] = (
+            model + inputs + max(2 * hidden_states + head, layer + held + max(running, spilling))
+        )
         seconds["calibration"] = 3 * forward / speed.f32 + compressed * grams(i, i, h)
     # Per layer: its input Grams' accumulation, the roots of its Grams (input, and output with fisher),
     # and each projection's weighting, SVD and return through the roots.
@@ -403,8 +423,7 @@ def predict(
         else:  # the whole model, every factor's gradient and AdamW state, the logits, and what
             # autograd keeps of every layer (attention probabilities, a few activations per width)
             factors = compressed * 3 * (h + i) * rank
-            seq = config.lora.seq_len + 1
-            kept = shapes.layers * (shapes.heads * seq * seq + 8 * seq * (h + i)) * F32
+            kept = shapes.layers * _layer_record(shapes, config.lora.seq_len + 1)
             logits = teacher_logits * LOGIT_COPIES * 2  # the teacher's and the student's, whole
             memory["healing"] = BASE_BYTES + shapes.params * F32 + factors * 3 * F32 + logits + kept
         seconds["healing"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / speed.f32
