@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoTokenizer, GenerationConfig, GPT2Config
 
 from conftest import SAMPLE_TEXT, save_tiny_llama, tiny_config, tiny_model
-from svdmlp import checkpoint, models
+from svdmlp import checkpoint, lazy, models
 from svdmlp.compression import pipeline
 from svdmlp.config import CompressConfig
 from svdmlp.engine import Sampling
@@ -234,6 +234,66 @@ def test_hub_id_while_offline(offline, name):
     assert message.startswith(
         f"could not load model {name!r}: it is not a local directory and the Hugging Face hub could not provide it ("
     )
+
+
+def _hub_config(monkeypatch, files: Path) -> None:
+    """The hub id "org/tiny" has the config of the model in ``files``."""
+    load_config = models.load_config
+
+    def config(name):
+        return ("org/tiny", load_config(str(files))[1]) if name == "org/tiny" else load_config(name)
+
+    monkeypatch.setattr(models, "load_config", config)
+
+
+def _hub_serving(monkeypatch, files: Path) -> list[dict]:
+    """The hub id "org/tiny" is the model in ``files``, which snapshot_download fetches; the keyword
+    arguments of each download are appended to the list returned."""
+    import huggingface_hub
+
+    _hub_config(monkeypatch, files)
+    downloads = []
+
+    def snapshot_download(repo_id, **kwargs):
+        assert repo_id == "org/tiny"
+        downloads.append(kwargs)
+        return str(files)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return downloads
+
+
+def test_a_hub_model_is_downloaded_then_compressed_from_disk(model_dir, monkeypatch, tmp_path):
+    # Loaded whole, a hub model's weights and calibration outgrow the memory a local model's need.
+    downloads = _hub_serving(monkeypatch, model_dir)
+    model, _ = models.load_for_compression("org/tiny", torch.float32, "cpu", tmp_path / "scratch")
+    assert downloads == [{"allow_patterns": models.HUB_FILES}]
+    assert not any(pattern.endswith((".bin", ".pt", ".pth", ".pkl")) for pattern in models.HUB_FILES)
+    assert lazy.of(model) is not None  # read from disk, one unit at a time
+    dense = models.load_dense(str(model_dir))[0]
+    with lazy.held(model, *lazy.of(model).units):
+        for (name, expected), (_, got) in zip(
+            dense.state_dict().items(), model.state_dict().items(), strict=True
+        ):
+            torch.testing.assert_close(got, expected, rtol=0, atol=0, msg=name)
+
+
+def test_a_hub_model_without_safetensors_weights_is_refused(model_dir, monkeypatch, tmp_path):
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_text((model_dir / "config.json").read_text())
+    _hub_serving(monkeypatch, pickled)
+    with pytest.raises(ValueError, match="'org/tiny' has no safetensors weights on the Hugging Face hub"):
+        models.load_for_compression("org/tiny", torch.float32, "cpu", tmp_path / "scratch")
+
+
+def test_a_hub_model_not_in_the_cache_while_offline_is_refused(offline, model_dir, monkeypatch, tmp_path):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    _hub_config(monkeypatch, model_dir)  # the hub's own snapshot_download, offline, with an empty cache
+    with pytest.raises(
+        ValueError, match=r"^could not download model 'org/tiny' from the Hugging Face hub \("
+    ):
+        models.load_for_compression("org/tiny", torch.float32, "cpu", tmp_path / "scratch")
 
 
 @pytest.mark.parametrize("relative", ["./missing", "missing/", "a/b/c", "~/../no-such-home-dir"])

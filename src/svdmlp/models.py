@@ -392,14 +392,43 @@ def load_lazy(
     return model.eval(), tokenizer, location
 
 
+# What compression downloads of a hub model: its config, tokenizer and safetensors weights, never pickles.
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken"]
+
+
+def download(name: str) -> Path:
+    """Hub model ``name``'s config, tokenizer and safetensors weights in the Hugging Face cache (fetched
+    once; offline, what the cache holds), so that compression reads its layers from disk one at a time
+    as it does a local model's.
+
+    Raises:
+        ValueError: the hub cannot provide it, or it has no safetensors weights (only pickles).
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        location = Path(snapshot_download(name, allow_patterns=HUB_FILES))
+    except (HfHubHTTPError, OSError, ValueError) as err:
+        raise ValueError(
+            f"could not download model {name!r} from the Hugging Face hub ({first_line(err)})"
+        ) from None
+    if not any(location.glob("*.safetensors")):
+        raise ValueError(
+            f"model {name!r} has no safetensors weights on the Hugging Face hub, and svdmlp does not "
+            "load pickles: save it with save_pretrained(safe_serialization=True) and pass the directory"
+        )
+    return location
+
+
 def load_for_compression(name: str | None, dtype: torch.dtype, device: str, scratch: str | os.PathLike):
-    """``(model, tokenizer)`` to compress: its layers on disk (:func:`load_lazy`, compressed layers
-    written to ``scratch``) when the model is a local directory or built in, else (a hub id) whole in
-    memory as transformers downloads and loads it."""
+    """``(model, tokenizer)`` to compress, its layers on disk (:func:`load_lazy`, compressed layers
+    written to ``scratch``): a local directory or built-in model where it is, a hub id once
+    :func:`download` has fetched it. Memory then holds one layer at a time whatever the model's size."""
     try:
         model, tokenizer, _ = load_lazy(name, dtype, device, scratch)
     except NotLocal:
-        model, tokenizer, _ = load_dense(name, dtype=dtype, device=device)
+        model, tokenizer, _ = load_lazy(str(download(name)), dtype, device, scratch)
     return model, tokenizer
 
 

@@ -147,12 +147,12 @@ def _free_disk(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def _check_footprint(args: argparse.Namespace, compress_config, shapes, on_disk: bool, journal=None):
+def _check_footprint(args: argparse.Namespace, compress_config, shapes, journal=None):
     """Print the predicted peak memory, time and scratch disk (to stderr, with the progress bars) of
     what is left to do (a stopped run's ``journal`` says what is done); refuse a plan whose peak exceeds
     ``--max-memory``, or whose scratch files (beside ``--out``) would not fit on its disk. Returns the
-    prediction and whether a model on disk is loaded whole for distillation: where that is predicted to
-    need at most a quarter of the memory allowed."""
+    prediction and whether the model is loaded whole for distillation: where that is predicted to need
+    at most a quarter of the memory allowed."""
     from svdmlp.compression import footprint
 
     layers = len(compress_config.layers) if compress_config.layers is not None else shapes.layers
@@ -164,12 +164,18 @@ def _check_footprint(args: argparse.Namespace, compress_config, shapes, on_disk:
 
     def predict(resident_healing: bool):
         return footprint.predict(
-            shapes, compress_config, layers, on_disk, rates, resident_healing, measured=measured
+            shapes,
+            compress_config,
+            layers,
+            on_disk=True,
+            rates=rates,
+            resident_healing=resident_healing,
+            measured=measured,
         ).without(done)
 
     resident = predict(True)
     healing = resident.memory.get("healing")
-    resident_healing = on_disk and healing is not None and limit is not None and healing <= limit / 4
+    resident_healing = healing is not None and limit is not None and healing <= limit / 4
     predicted = resident if resident_healing else predict(False)
     print(f"svdmlp: {predicted.line()}", file=sys.stderr, flush=True)
     thin = footprint.thin_calibration(shapes, compress_config)
@@ -191,13 +197,13 @@ def _check_footprint(args: argparse.Namespace, compress_config, shapes, on_disk:
     return predicted, resident_healing
 
 
-def _journal(args: argparse.Namespace, compress_config, on_disk: bool, out: Path, dtype):
+def _journal(args: argparse.Namespace, compress_config, out: Path, dtype):
     """The journal of this plan in the work directory beside ``--out`` (printing what a stopped run
-    left done), or None for a plan that cannot continue a stopped run or a model not read from disk.
+    left done), or None for a plan that cannot continue a stopped run.
     A ValueError when the directory holds a stopped run of another plan."""
     from svdmlp.compression import journal
 
-    if not on_disk or not journal.resumable(compress_config):
+    if not journal.resumable(compress_config):
         return None
     plan = {"model": args.model or "", "config": compress_config.to_dict(), "dtype": str(dtype)}
     work = out.parent / f".{out.name}.work"
@@ -215,14 +221,14 @@ def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp.compression import footprint, pipeline, report
     from svdmlp.runtime import peak_memory, return_freed_memory
 
-    shapes, on_disk = options.model_shapes(args.model)
+    shapes = options.model_shapes(args.model)
     compress_config = config(args, shapes.inter)
     checkpoint.check_target(args.out, args.overwrite)  # fail before minutes of work, not after
     device, dtype = options.runtime(args)
     return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
     out = Path(args.out).expanduser().resolve()
-    journal = _journal(args, compress_config, on_disk, out, dtype)
-    predicted, resident_healing = _check_footprint(args, compress_config, shapes, on_disk, journal)
+    journal = _journal(args, compress_config, out, dtype)
+    predicted, resident_healing = _check_footprint(args, compress_config, shapes, journal)
     if args.dry_run:
         print(predicted.table())
         return options.Outcome(0, {"config": compress_config.to_dict(), "predicted": predicted.to_dict()})

@@ -90,13 +90,13 @@ def runtime(args: argparse.Namespace):
 
 
 def model_shapes(name: str | None):
-    """``(footprint.Shapes, on_disk)`` of model ``name`` from its config alone (no weights read): its
-    sizes, and whether compression reads its weights from disk (a local or built-in model)."""
+    """The :class:`~svdmlp.compression.footprint.Shapes` of model ``name`` from its config alone (no
+    weights read). Compression reads any model's weights from disk, a hub model's once downloaded
+    (:func:`svdmlp.models.load_for_compression`), so its predictions are for a model on disk."""
     from svdmlp import models
     from svdmlp.compression import footprint
 
-    location, config = models.load_config(name)
-    return footprint.Shapes.of_config(config), Path(location).is_dir()
+    return footprint.Shapes.of_config(models.load_config(name)[1])
 
 
 def add_effort(parser: argparse.ArgumentParser) -> None:

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp.sweep import markdown, runner, speed
 
     return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
-    shapes, on_disk = options.model_shapes(args.model)
+    shapes = options.model_shapes(args.model)
     args = with_effort(args, shapes.inter)
     points = runner.plan(args.keep, args.method, args.quantize, args.factor_bits)
     bench = speed.load(args.bench) if args.bench else None  # checked before any work
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
     left = [p for p in points if not runner.point_path(Path(args.out), p).is_file()]
     done = runner.stopped(args.model, left, names, settings, base, Path(args.out), dtype)
-    predicted = _print_footprint(shapes, on_disk, left, done, base, settings, len(names))
+    predicted = _print_footprint(shapes, left, done, base, settings, len(names))
     if args.dry_run:
         print(predicted.table() if predicted else "nothing left to compress")
         record = {"points": [p.name for p in left], "predicted": predicted.to_dict() if predicted else None}
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     return options.Outcome(1 if failed else 0, {"report": str(path), "points": records, "failed": failed})
 
 
-def _print_footprint(shapes, on_disk: bool, points, done, base: CompressConfig, settings, texts: int):
+def _print_footprint(shapes, points, done, base: CompressConfig, settings, texts: int):
     """Print the predicted peak memory and time of the points still to run, less what stopped runs
     ``done`` of each, before any work (to stderr, as compress prints its own); return that prediction
     (None: nothing left to compress)."""
@@ -148,7 +148,13 @@ def _print_footprint(shapes, on_disk: bool, points, done, base: CompressConfig, 
     tokens = texts * settings.max_windows * settings.seq_len if settings.max_windows else 0
     rates = footprint.Rates.measure()
     predicted = footprint.predict_sweep(
-        shapes, configs, on_disk, rates, tokens, len(points), [finished for _, finished in compressed]
+        shapes,
+        configs,
+        on_disk=True,
+        rates=rates,
+        eval_tokens=tokens,
+        scores=len(points),
+        done=[finished for _, finished in compressed],
     )
     scored = "" if tokens else " (scoring not counted: no --max-windows)"
     if len(compressed) < sum(p.method != "dense" or p.quantize is not None for p in points):
