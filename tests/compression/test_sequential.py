@@ -1,5 +1,8 @@
 """Sequential calibration: each layer's Grams come from the already-compressed layers' outputs."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -97,6 +100,36 @@ def test_dense_walk_gives_the_dense_grams_running_each_layer_once(tokenizer):
         _assert_grams_close(grams, expected[index])
         factorise.layer(model, spec, index, {"gate": 16, "up": 16, "down": 16}, grams)
     assert runs == [2, 2, 2]  # two batches of two windows, each layer once
+
+
+def test_the_dense_walk_holds_the_windows_hidden_states_once(tokenizer, monkeypatch):
+    """While the caller works on a layer of a dense walk, the hidden states that entered it are gone:
+    its outputs replaced them batch by batch (0.7 GB each for the 1.5B model's calibration windows)."""
+    spec = arch.resolve("llama")
+    windows = calibration.token_windows(tokenizer, SAMPLE_TEXT, 4, 32, seed=0)
+    entered = []
+    run = sequential.run_layer
+
+    def watched(layer, hidden, kwargs):
+        entered.append(weakref.ref(hidden))
+        return run(layer, hidden, kwargs)
+
+    monkeypatch.setattr(sequential, "run_layer", watched)
+    walk = sequential.calibrated_layers(
+        tiny_model("llama", num_hidden_layers=3),
+        spec,
+        windows,
+        [0, 1, 2],
+        progress=False,
+        batch_size=2,
+        dense=True,
+    )
+    alive = []
+    for _index, _grams, _ in walk:
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in entered))
+    assert len(entered) == 6  # each layer ran once per batch
+    assert alive == [0, 0, 2]  # the last layer's inputs stay: nothing runs after it
 
 
 def test_inputs_are_handed_over_for_closed_form_healing(tokenizer):

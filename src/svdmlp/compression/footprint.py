@@ -378,21 +378,22 @@ def predict(
     per_layer = model + layer + input_grams + hidden_states
     decomposing = _root_bytes(i) + _svd_bytes(h, i)  # one projection's root of an inter² Gram and SVD
     if config.allocation == "budget":
-        # The embeddings, then the head, one at a time; the dense log-probabilities whole, the probed
-        # ones a few rows at a time; every layer's recorded output; the probed layer's factors and
-        # their products V·U standing in for its weights (Llama-3.2-1B shape: 3.67 GB measured, 3.0
-        # predicted without these last three, BENCHMARKS.md session 14).
-        # Every keep's factors are held while its probes run, one V·U at a time.
+        # Kept from the first probe to the last: the dense log-probabilities, whole, and every layer's
+        # recorded output. Beside them, a projection's decomposition and the factors of the layer's
+        # projections before it at every keep; or a probe: the embeddings, then the head, one at a time,
+        # the probed log-probabilities a few rows at a time, every keep's factors and their products V·U
+        # standing in for the layer's weights (Llama-3.2-1B shape: 3.67 GB measured, 3.0 predicted
+        # without these last three, BENCHMARKS.md session 14; Qwen2.5-Coder-1.5B's three keeps at once:
+        # 6.3 GB measured, 4.8 predicted with the recorded predictions inside the probe, session 21).
         probed = keeps_probed or (config.keep,)
         factors_probed = sum((h + i) * ranks.rank_for_keep(h, i, keep, config.align) for keep in probed)
+        recorded = probe_tokens * vocab * F32 + shapes.layers * probe_tokens * h * F32
         probe = (
             (vocab * h * F32 if on_disk else 0)
-            + probe_tokens * vocab * F32
             + _logit_block(probe_tokens, vocab) * LOGIT_COPIES
-            + shapes.layers * probe_tokens * h * F32
             + 3 * (factors_probed + h * i) * F32
         )
-        memory["allocation"] = per_layer + max(decomposing, probe)
+        memory["allocation"] = per_layer + recorded + max(decomposing + 2 * factors_probed * F32, probe)
         probing = 2 * shapes.params * probe_tokens / 2 / speed.f32
         seconds["allocation"] = max(0, compressed - measured) * (factorise + len(probed) * probing)
     # A layer's peak: decomposing a projection beside its input Grams, or closed form's Gram of the
