@@ -33,12 +33,11 @@ def test_shapes_of_a_config_count_the_model():
     assert shapes.layer_params == attention + 3 * 64 * 96 + 2 * 64
 
 
-def test_a_model_on_disk_needs_a_layer_not_the_model():
-    on_disk = footprint.predict(LLAMA_1B, _config(), 2, True, RATES).peak[1]
-    in_memory = footprint.predict(LLAMA_1B, _config(), 2, False, RATES).peak[1]
-    assert in_memory - on_disk > LLAMA_1B.params * 4 * 0.8  # most of the weights, less what the heap keeps
-    four = footprint.predict(LLAMA_1B, _config(), 4, True, RATES).peak[1]
-    assert four == pytest.approx(on_disk, rel=0.01)  # memory does not grow with the layers compressed
+def test_a_compression_needs_a_layer_not_the_model():
+    two = footprint.predict(LLAMA_1B, _config(), 2, RATES).peak[1]
+    assert two < LLAMA_1B.params * 4  # less than the weights in float32
+    four = footprint.predict(LLAMA_1B, _config(), 4, RATES).peak[1]
+    assert four == pytest.approx(two, rel=0.01)  # memory does not grow with the layers compressed
 
 
 LLAMA_8B = footprint.Shapes(
@@ -54,7 +53,7 @@ LLAMA_8B = footprint.Shapes(
 @pytest.mark.parametrize(("shapes", "layers", "measured"), [(LLAMA_8B, (0,), 8.49), (LLAMA_1B, (0, 1), 3.67)])
 def test_the_shaped_runs_are_predicted_within_a_fifth_of_their_measured_peaks(shapes, layers, measured):
     config = _config(calibration=CalibrationSpec("general", 5, 512), layers=layers)
-    peak = footprint.predict(shapes, config, len(layers), True, RATES).peak[1]
+    peak = footprint.predict(shapes, config, len(layers), RATES).peak[1]
     assert 0.85 * measured * footprint.GB <= peak <= 1.2 * measured * footprint.GB
 
 
@@ -76,7 +75,7 @@ def test_each_step_of_the_default_recipe_on_disk_is_predicted_within_a_fifth(ste
         heal="closed-form+lora",
         lora=LoraSpec(5, None, 512, relative_lr=3e-4),
     )
-    predicted = footprint.predict(QWEN_05B, config, 24, True, RATES).memory[step]
+    predicted = footprint.predict(QWEN_05B, config, 24, RATES).memory[step]
     assert 0.85 * measured * footprint.GB <= predicted <= 1.2 * measured * footprint.GB
 
 
@@ -93,34 +92,21 @@ QWEN_15B = footprint.Shapes(
 )
 def test_the_calibration_is_predicted_within_a_fifth_of_its_measured_peak(shapes, windows, layers, measured):
     config = _config(calibration=CalibrationSpec("general", windows, 512))
-    predicted = footprint.predict(shapes, config, layers, True, RATES).memory["calibration"]
+    predicted = footprint.predict(shapes, config, layers, RATES).memory["calibration"]
     assert 0.85 * measured * footprint.GB <= predicted <= 1.2 * measured * footprint.GB
 
 
-def test_a_model_in_memory_keeps_every_layers_calibration_inputs_in_memory():
-    def calibration(on_disk: bool, windows: int) -> float:
-        config = _config(calibration=CalibrationSpec("general", windows, 512))
-        return footprint.predict(QWEN_15B, config, 28, on_disk, RATES).memory["calibration"]
-
-    grown_in_memory = calibration(False, 224) - calibration(False, 112)
-    grown_on_disk = calibration(True, 224) - calibration(True, 112)
-    more_states = 112 * 513 * QWEN_15B.hidden * 4  # one copy of the hidden states of 112 more windows
-    assert grown_in_memory - grown_on_disk == pytest.approx(28 * more_states)  # one copy a layer
-
-
-def test_distillation_holds_the_whole_model_only_in_memory():
+def test_distillation_holds_the_whole_model_only_when_loaded_whole():
     config = _config(heal="closed-form+lora", lora=LoraSpec(16, 3e-5, 512))
-    in_memory = footprint.predict(LLAMA_1B, config, 16, False, RATES)
-    assert in_memory.memory["healing"] > LLAMA_1B.params * 4
-    on_disk = footprint.predict(LLAMA_1B, config, 16, True, RATES)
-    assert on_disk.memory["healing"] < LLAMA_1B.params * 4  # less than the model in float32
-    resident = footprint.predict(LLAMA_1B, config, 16, True, RATES, resident_healing=True)
-    assert resident.memory["healing"] == pytest.approx(in_memory.memory["healing"])  # loaded whole
+    layered = footprint.predict(LLAMA_1B, config, 16, RATES)
+    assert layered.memory["healing"] < LLAMA_1B.params * 4  # less than the model in float32
+    resident = footprint.predict(LLAMA_1B, config, 16, RATES, resident_healing=True)
+    assert resident.memory["healing"] > LLAMA_1B.params * 4
 
 
 def test_time_grows_with_the_layers_and_the_line_says_it():
-    two = footprint.predict(LLAMA_1B, _config(), 2, True, RATES)
-    four = footprint.predict(LLAMA_1B, _config(), 4, True, RATES)
+    two = footprint.predict(LLAMA_1B, _config(), 2, RATES)
+    four = footprint.predict(LLAMA_1B, _config(), 4, RATES)
     assert sum(four.seconds.values()) > sum(two.seconds.values())
     line = two.line()
     assert line.startswith("predicted: peak memory ") and "GB" in line and "time" in line
@@ -145,9 +131,9 @@ def test_the_rates_measured_here_say_what_share_of_the_cores_they_had():
 
 def test_work_is_timed_at_the_achieved_fraction_of_the_measured_rates(monkeypatch):
     config = _config(heal="closed-form+lora", lora=LoraSpec(16, 3e-5, 512))
-    predicted, achieved = footprint.predict(LLAMA_1B, config, 2, True, RATES), footprint.ACHIEVED
+    predicted, achieved = footprint.predict(LLAMA_1B, config, 2, RATES), footprint.ACHIEVED
     monkeypatch.setattr(footprint, "ACHIEVED", 1.0)
-    at_full_rate = footprint.predict(LLAMA_1B, config, 2, True, RATES)
+    at_full_rate = footprint.predict(LLAMA_1B, config, 2, RATES)
     assert predicted.seconds == pytest.approx(
         {step: seconds / achieved for step, seconds in at_full_rate.seconds.items()}
     )
@@ -170,50 +156,42 @@ def test_the_pace_line_scales_the_steps_left_by_the_pace_so_far():
 
 def test_a_sweep_calibrates_once_and_peaks_as_its_largest_point():
     keeps = [_config(keep=k, heal="closed-form+lora", lora=LoraSpec(16, 3e-5, 512)) for k in (0.9, 0.8, 0.6)]
-    points = [footprint.predict(LLAMA_1B, config, 16, True, RATES) for config in keeps]
-    sweep = footprint.predict_sweep(LLAMA_1B, keeps, True, RATES, eval_tokens=8192, scores=4)
+    points = [footprint.predict(LLAMA_1B, config, 16, RATES) for config in keeps]
+    sweep = footprint.predict_sweep(LLAMA_1B, keeps, RATES, eval_tokens=8192, scores=4)
     assert sweep.seconds["calibration"] == points[0].seconds["calibration"]  # once, shared by every keep
     assert sweep.seconds["factorisation"] == pytest.approx(sum(p.seconds["factorisation"] for p in points))
     assert sweep.seconds["evaluation"] == pytest.approx(
         4 * 2 * LLAMA_1B.params * 8192 / RATES.f32
     )  # and dense
     # One point's model and Grams at a time; the first measures the three keeps' sensitivities.
-    measuring = footprint.predict(LLAMA_1B, keeps[0], 16, True, RATES, keeps_probed=(0.9, 0.8, 0.6))
+    measuring = footprint.predict(LLAMA_1B, keeps[0], 16, RATES, keeps_probed=(0.9, 0.8, 0.6))
     assert sweep.peak[1] == max(p.peak[1] for p in [measuring, *points[1:]])
 
 
 def test_a_sweep_measures_its_allocations_sensitivities_once_for_every_keep():
     keeps = [_config(keep=k) for k in (0.9, 0.8, 0.6)]
-    alone = [footprint.predict(LLAMA_1B, config, 16, True, RATES) for config in keeps]
-    sweep = footprint.predict_sweep(LLAMA_1B, keeps, True, RATES, eval_tokens=0, scores=4)
-    measuring = footprint.predict(LLAMA_1B, keeps[0], 16, True, RATES, keeps_probed=(0.9, 0.8, 0.6))
+    alone = [footprint.predict(LLAMA_1B, config, 16, RATES) for config in keeps]
+    sweep = footprint.predict_sweep(LLAMA_1B, keeps, RATES, eval_tokens=0, scores=4)
+    measuring = footprint.predict(LLAMA_1B, keeps[0], 16, RATES, keeps_probed=(0.9, 0.8, 0.6))
     assert sweep.seconds["allocation"] == pytest.approx(measuring.seconds["allocation"])  # the others choose
     assert alone[0].seconds["allocation"] < sweep.seconds["allocation"]  # a probe per keep
     assert sweep.seconds["allocation"] < 0.6 * sum(p.seconds["allocation"] for p in alone)
     # Every keep's factors are held while the layer's probes run.
     assert sweep.memory["allocation"] > max(p.memory["allocation"] for p in alone)
     # At most three keeps at once: a fourth and fifth share another measurement.
-    five = footprint.predict_sweep(
-        LLAMA_1B, keeps + [_config(keep=0.5), _config(keep=0.4)], True, RATES, 0, 6
-    )
-    pair = footprint.predict(LLAMA_1B, keeps[0], 16, True, RATES, keeps_probed=(0.5, 0.4))
+    five = footprint.predict_sweep(LLAMA_1B, keeps + [_config(keep=0.5), _config(keep=0.4)], RATES, 0, 6)
+    pair = footprint.predict(LLAMA_1B, keeps[0], 16, RATES, keeps_probed=(0.5, 0.4))
     assert five.seconds["allocation"] == pytest.approx(
         sweep.seconds["allocation"] + pair.seconds["allocation"]
     )
-    # In memory (no journal to share through) each keep measures its own.
-    in_memory = footprint.predict_sweep(LLAMA_1B, keeps, False, RATES, eval_tokens=0, scores=4)
-    each = [footprint.predict(LLAMA_1B, config, 16, False, RATES) for config in keeps]
-    assert in_memory.seconds["allocation"] == pytest.approx(sum(p.seconds["allocation"] for p in each))
 
 
 def test_a_continued_sweep_predicts_only_what_its_stopped_points_left():
     keeps = [_config(keep=k) for k in (0.9, 0.8)]
     stopped = footprint.Done(("calibration", "allocation"), layers=10)
-    sweep = footprint.predict_sweep(
-        LLAMA_1B, keeps, True, RATES, 0, 3, [stopped, footprint.Done(("calibration",))]
-    )
-    left = footprint.predict(LLAMA_1B, keeps[0], 6, True, RATES)
-    rest = footprint.predict(LLAMA_1B, keeps[1], 16, True, RATES)
+    sweep = footprint.predict_sweep(LLAMA_1B, keeps, RATES, 0, 3, [stopped, footprint.Done(("calibration",))])
+    left = footprint.predict(LLAMA_1B, keeps[0], 6, RATES)
+    rest = footprint.predict(LLAMA_1B, keeps[1], 16, RATES)
     assert "calibration" not in sweep.seconds and "calibration" not in sweep.memory
     assert sweep.seconds["allocation"] == pytest.approx(
         rest.seconds["allocation"]
@@ -223,17 +201,16 @@ def test_a_continued_sweep_predicts_only_what_its_stopped_points_left():
     )
 
 
-def test_scratch_disk_is_the_spilled_grams_and_layers_of_a_model_on_disk():
+def test_scratch_disk_is_the_spilled_grams_and_compressed_layers():
     config = _config()
-    on_disk = footprint.predict(LLAMA_1B, config, 16, True, RATES)
+    predicted = footprint.predict(LLAMA_1B, config, 16, RATES)
     h, i = 2048, 8192
     grams = 16 * (2 * i * i + h * h) * 4  # float32, every layer's, as the backward sweep ends
     layers = 16 * (LLAMA_1B.layer_params - 3 * h * i + 3 * (h + i) * 1312) * 4  # keep 0.8's rank, float32
     hidden_states = (16 + 1) * 16 * 513 * h * 4  # every layer's inputs and the gradient reached
-    assert on_disk.disk == pytest.approx(grams + layers + hidden_states)
-    assert "scratch disk" in on_disk.line() and on_disk.to_dict()["disk_bytes"] == on_disk.disk
-    assert footprint.predict(LLAMA_1B, config, 16, False, RATES).disk == 0  # in memory: nothing spilled
-    whiten = footprint.predict(LLAMA_1B, _config(method="whiten", allocation="uniform"), 16, True, RATES)
+    assert predicted.disk == pytest.approx(grams + layers + hidden_states)
+    assert "scratch disk" in predicted.line() and predicted.to_dict()["disk_bytes"] == predicted.disk
+    whiten = footprint.predict(LLAMA_1B, _config(method="whiten", allocation="uniform"), 16, RATES)
     assert whiten.disk == pytest.approx(layers)  # no output-gradient Grams: the compressed layers alone
 
 

@@ -167,7 +167,6 @@ def _check_footprint(args: argparse.Namespace, compress_config, shapes, journal=
             shapes,
             compress_config,
             layers,
-            on_disk=True,
             rates=rates,
             resident_healing=resident_healing,
             measured=measured,

@@ -150,7 +150,6 @@ def _print_footprint(shapes, points, done, base: CompressConfig, settings, texts
     predicted = footprint.predict_sweep(
         shapes,
         configs,
-        on_disk=True,
         rates=rates,
         eval_tokens=tokens,
         scores=len(points),

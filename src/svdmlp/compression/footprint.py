@@ -1,6 +1,7 @@
 """What a compression will need, from the model's shapes alone: the predicted peak memory of each
 step and the time it takes, stated before any work starts (``svdmlp compress``'s first line) and
-checked against ``--max-memory``.
+checked against ``--max-memory``. The command line compresses every model from disk (a hub model is
+downloaded first), one decoder layer at a time: that is the compression predicted here.
 
 Memory is counted as the step's largest live tensors: weights loaded in float32, Gram matrices and
 their Cholesky roots in float64 (a root is one n² buffer: the copy of a Gram, or a Gram read from
@@ -32,12 +33,12 @@ GB = 1e9
 # The interpreter with torch, transformers and svdmlp imported, a hollow model and its tokenizer
 # (measured: 0.53 GB after the imports, 0.60 GB with a hollow Llama-3.2-1B-shaped model loaded).
 BASE_BYTES = 0.6 * GB
-# A model on disk, once its layers have run on calibration windows: what glibc's heap keeps of the
+# Once the model's layers have run on calibration windows: what glibc's heap keeps of the
 # freed blocks under runtime.MMAP_THRESHOLD (a layer's activations, attention probabilities, the loaded
 # layers' small tensors), reused but not returned. Measured beside Qwen2.5-Coder-0.5B's distillation: its
 # main arena 0.57-0.67 GB with 0.31-0.41 GB free between windows, malloc_trim returning 0.3-0.4 GB until
-# the next window took it back (BENCHMARKS.md, session 17). A model in memory is predicted without it:
-# its terms (the weights, distillation's autograd record) already exceed its measured peaks.
+# the next window took it back (BENCHMARKS.md, session 17). A model loaded whole for distillation is
+# predicted without it: its terms (the weights, the autograd record) already exceed its measured peaks.
 HEAP_RETAINED = 0.4 * GB
 F32, F64 = 4, 8
 # Live float32 copies of a window's logits while its loss and gradient are formed (logits, softmax,
@@ -302,15 +303,14 @@ def predict(
     shapes: Shapes,
     config: CompressConfig,
     compressed: int,
-    on_disk: bool,
     rates: Rates,
     resident_healing: bool = False,
     keeps_probed: tuple[float, ...] = (),
     measured: int = 0,
 ) -> Footprint:
     """The footprint of compressing ``compressed`` decoder layers of a model of ``shapes`` as ``config``
-    says, its weights read from disk one unit at a time (``on_disk``) or held in memory; with
-    ``resident_healing``, a model on disk loaded whole for distillation. Its allocation probes each
+    says, its weights read from disk one unit at a time; with ``resident_healing``, the model is loaded
+    whole for distillation. Its allocation probes each
     layer at each of ``keeps_probed`` (a sweep's keeps, measured at once:
     :func:`svdmlp.compression.pipeline.measure_sensitivities`; default its own keep) but the
     ``measured`` layers, whose sensitivity is recorded already."""
@@ -320,20 +320,20 @@ def predict(
     tokens = calibration.num_samples * (calibration.seq_len + 1)
     window = calibration.seq_len + 1
     layer = shapes.layer_params * F32
-    model = BASE_BYTES + (HEAP_RETAINED if on_disk else shapes.params * F32)
+    model = BASE_BYTES + HEAP_RETAINED
     hidden_states = tokens * h * F32
     input_grams = (h * h + i * i) * F64
     output_grams = (2 * i * i + h * h) * F64
     memory, seconds = {}, {}
     forward = 2 * shapes.params * tokens  # FLOPs of one pass over the calibration windows
-    # A model on disk writes each compressed layer to the scratch directory (in float32: its attention
+    # The compression writes each compressed layer to the scratch directory (in float32: its attention
     # and its factors at keep's rank) and, with fisher, every layer's output-gradient Grams (float32)
     # and, while they are made, the hidden states entering each layer (deleted as the backward sweep
     # spills the Grams: counting both whole is an upper bound) and the gradient the sweep has reached.
     rank = ranks.rank_for_keep(h, i, config.keep, config.align)
     factors = compressed * (shapes.layer_params - 3 * h * i + 3 * (h + i) * rank) * F32
     spilled = compressed * (2 * i * i + h * h) * F32 + (shapes.layers + 1) * tokens * h * F32
-    disk = (factors + (spilled if config.needs_output_grams else 0)) if on_disk else 0.0
+    disk = factors + (spilled if config.needs_output_grams else 0)
 
     def grams(*widths: int) -> float:  # seconds of Grams of these widths over the calibration tokens
         return tokens * 2 * sum(n * n for n in widths) * GRAM_WORK / speed.f32
@@ -346,24 +346,21 @@ def predict(
     if fisher:
         # The head's gradient: the output embedding and a few rows of logits at a time
         # (layer_inputs.head_gradient), beside the windows' hidden states and their gradients.
-        head = (vocab * h * F32 if on_disk else 0) + _logit_block(window, vocab) * LOGIT_COPIES
-        # A layer of the backward pass holds its output-gradient Grams (on disk one layer's; in memory
-        # every layer's so far). While the windows run back through it, one at a time: the gradients at
-        # its output (going) and at its input (coming), two copies of the hidden states, the gradients'
-        # rows waiting for their Grams' update, a strip of that update and one window's autograd
-        # record. Then, on disk, each Gram's float32 copy as it is spilled, beside the input gradients.
-        held = output_grams if on_disk else compressed * output_grams
+        head = vocab * h * F32 + _logit_block(window, vocab) * LOGIT_COPIES
+        # A layer of the backward pass holds its output-gradient Grams. While the windows run back
+        # through it, one at a time: the gradients at its output (going) and at its input (coming), two
+        # copies of the hidden states, the gradients' rows waiting for their Grams' update, a strip of
+        # that update and one window's autograd record. Then each Gram's float32 copy as it is spilled,
+        # beside the input gradients.
         running = (
             2 * hidden_states
             + GRAM_ROWS * (2 * i + h) * F32
             + _strip_bytes(i)
             + _layer_record(shapes, window)
         )
-        spilling = hidden_states + (i * i * F32 if on_disk else 0)
-        # In memory, the forward pass keeps every layer's inputs there until the backward pass takes them.
-        inputs = 0 if on_disk else shapes.layers * hidden_states
-        memory["calibration"] = (
-            model + inputs + max(2 * hidden_states + head, layer + held + max(running, spilling))
+        spilling = hidden_states + i * i * F32
+        memory["calibration"] = model + max(
+            2 * hidden_states + head, layer + output_grams + max(running, spilling)
         )
         seconds["calibration"] = 3 * forward / speed.f32 + compressed * grams(i, i, h)
     # Per layer: its input Grams' accumulation, the roots of its Grams (input, and output with fisher),
@@ -389,7 +386,7 @@ def predict(
         factors_probed = sum((h + i) * ranks.rank_for_keep(h, i, keep, config.align) for keep in probed)
         recorded = probe_tokens * vocab * F32 + shapes.layers * probe_tokens * h * F32
         probe = (
-            (vocab * h * F32 if on_disk else 0)
+            vocab * h * F32
             + _logit_block(probe_tokens, vocab) * LOGIT_COPIES
             + 3 * (factors_probed + h * i) * F32
         )
@@ -400,11 +397,7 @@ def predict(
     # compressed intermediate (which becomes its own root) and W·Cᵀ, a strip of their update, and the
     # MLP's inputs.
     closed_form = (i * i + h * i) * F64 + _strip_bytes(i) + hidden_states if config.heals_closed_form else 0
-    # Only one-shot factorising in memory after allocation keeps every layer's input Grams (the probes').
-    reused = not on_disk and not config.sequential and config.allocation == "budget"
-    memory["factorisation"] = (
-        per_layer + max(decomposing, closed_form) + (compressed * input_grams if reused else 0)
-    )
+    memory["factorisation"] = per_layer + max(decomposing, closed_form)
     # Closed form: its inter² Gram and root, W·Cᵀ from the dense outputs W·h (two hidden × inter
     # products a token), the triangular solve, the target and two errors through inter² matrices (about
     # 5·h·i² in float64).
@@ -414,7 +407,7 @@ def predict(
     )
     if config.heals_lora:
         teacher_logits = (config.lora.seq_len + 1) * vocab * F32  # one window's, float32
-        if on_disk and not resident_healing:  # a layer, its factors' gradients and AdamW state, inputs
+        if not resident_healing:  # a layer, its factors' gradients and AdamW state, inputs
             layer_factors = 3 * (h + i) * rank * F32
             step = layer + 3 * layer_factors + shapes.layers * (config.lora.seq_len + 1) * h * F32
             # The embeddings and the head are loaded one at a time, for the passes that use them; the
@@ -444,7 +437,6 @@ class Done:
 def predict_sweep(
     shapes: Shapes,
     configs: list[CompressConfig],
-    on_disk: bool,
     rates: Rates,
     eval_tokens: int,
     scores: int,
@@ -454,7 +446,7 @@ def predict_sweep(
     ``done`` of each, and ``scores`` models (these and the dense one, unless it was scored earlier)
     each scored on ``eval_tokens`` tokens (its time only: scoring holds less than compressing). The
     output-gradient Grams are made once and read back for every keep (``calibration`` counts once), and
-    on disk the first point of a budget allocation measures every keep's sensitivities (the allocation
+    the first point of a budget allocation measures every keep's sensitivities (the allocation
     of the others only chooses); memory is the largest of any point's steps, as each point's model and
     Grams are freed before the next."""
     memory: dict[str, float] = {}
@@ -463,12 +455,7 @@ def predict_sweep(
     done = done or [Done()] * len(configs)
     sharing: dict[str, list[int]] = {}  # the points one measurement of sensitivities serves, by plan
     for number, (config, finished) in enumerate(zip(configs, done, strict=True)):
-        if (
-            on_disk
-            and resumable(config)
-            and config.allocation == "budget"
-            and "allocation" not in finished.steps
-        ):
+        if resumable(config) and config.allocation == "budget" and "allocation" not in finished.steps:
             plan = json.dumps({k: v for k, v in config.to_dict().items() if k != "keep"}, sort_keys=True)
             sharing.setdefault(plan, []).append(number)
     groups = [
@@ -481,7 +468,7 @@ def predict_sweep(
         compressed = shapes.layers - finished.layers
         shared = any(number in group[1:] for group in groups)
         measured = compressed if shared else finished.measured
-        point = predict(shapes, config, compressed, on_disk, rates, False, measures.get(number, ()), measured)
+        point = predict(shapes, config, compressed, rates, False, measures.get(number, ()), measured)
         point = point.without(list(finished.steps))
         disk = max(disk, point.disk)
         for step, value in point.memory.items():
