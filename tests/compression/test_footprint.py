@@ -186,6 +186,17 @@ def test_a_sweep_measures_its_allocations_sensitivities_once_for_every_keep():
     )
 
 
+def test_the_allocation_carries_the_windows_through_the_layers_to_the_last_it_measures():
+    # Qwen2.5-Coder-1.5B's three keeps measured 143-230 s a layer (BENCHMARKS.md, sessions 20-21),
+    # 1.6x the first line's 123 s before it counted the dense walk's forward pass.
+    config = _config()
+    walk = 2 * 16 * LLAMA_1B.layer_params * 16 * 513 / (RATES.f32 * footprint.ACHIEVED)
+    every = footprint.predict(LLAMA_1B, config, 16, RATES).seconds["allocation"]
+    last = footprint.predict(LLAMA_1B, config, 16, RATES, measured=15).seconds["allocation"]
+    assert last == pytest.approx(walk + (every - walk) / 16)  # from the first layer, also when continued
+    assert footprint.predict(LLAMA_1B, config, 16, RATES, measured=16).seconds["allocation"] == 0
+
+
 def test_a_continued_sweep_predicts_only_what_its_stopped_points_left():
     keeps = [_config(keep=k) for k in (0.9, 0.8)]
     stopped = footprint.Done(("calibration", "allocation"), layers=10)

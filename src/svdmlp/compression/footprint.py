@@ -392,7 +392,11 @@ def predict(
         )
         memory["allocation"] = per_layer + recorded + max(decomposing + 2 * factors_probed * F32, probe)
         probing = 2 * shapes.params * probe_tokens / 2 / speed.f32
-        seconds["allocation"] = max(0, compressed - measured) * (factorise + len(probed) * probing)
+        probes = max(0, compressed - measured)
+        # The dense walk carries the calibration windows through every decoder layer up to the last one
+        # it measures (from the first, also when a stopped run measured some already).
+        walk = 2 * shapes.layers * shapes.layer_params * tokens / speed.f32 if probes else 0.0
+        seconds["allocation"] = walk + probes * (factorise + len(probed) * probing)
     # A layer's peak: decomposing a projection beside its input Grams, or closed form's Gram of the
     # compressed intermediate (which becomes its own root) and W·Cᵀ, a strip of their update, and the
     # MLP's inputs.
