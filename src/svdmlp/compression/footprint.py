@@ -310,10 +310,9 @@ def predict(
 ) -> Footprint:
     """The footprint of compressing ``compressed`` decoder layers of a model of ``shapes`` as ``config``
     says, its weights read from disk one unit at a time; with ``resident_healing``, the model is loaded
-    whole for distillation. Its allocation probes each
-    layer at each of ``keeps_probed`` (a sweep's keeps, measured at once:
-    :func:`svdmlp.compression.pipeline.measure_sensitivities`; default its own keep) but the
-    ``measured`` layers, whose sensitivity is recorded already."""
+    whole for distillation. Its allocation probes each layer at each of ``keeps_probed`` (a sweep's
+    keeps, measured at once: :func:`svdmlp.compression.pipeline.measure_sensitivities`; default its own
+    keep) but the ``measured`` layers, whose sensitivity is recorded already."""
     speed = rates.achieved()
     h, i, vocab = shapes.hidden, shapes.inter, shapes.vocab
     calibration = config.calibration
@@ -381,7 +380,7 @@ def predict(
         # the probed log-probabilities a few rows at a time, every keep's factors and their products V·U
         # standing in for the layer's weights (Llama-3.2-1B shape: 3.67 GB measured, 3.0 predicted
         # without these last three, BENCHMARKS.md session 14; Qwen2.5-Coder-1.5B's three keeps at once:
-        # 6.3 GB measured, 4.8 predicted with the recorded predictions inside the probe, session 21).
+        # 5.51 GB measured, 4.8 predicted, session 21).
         probed = keeps_probed or (config.keep,)
         factors_probed = sum((h + i) * ranks.rank_for_keep(h, i, keep, config.align) for keep in probed)
         recorded = probe_tokens * vocab * F32 + shapes.layers * probe_tokens * h * F32
