@@ -44,6 +44,14 @@ def test_freed_memory_goes_back_to_the_system_where_glibc_allows():
     assert changed == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
 
 
+def test_the_heap_gives_its_free_pages_back_where_glibc_allows():
+    import platform
+
+    from svdmlp.runtime import trim_heap
+
+    assert trim_heap() == (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
 def test_peak_memory_is_the_processes_high_water_mark(monkeypatch):
     from pathlib import Path
 

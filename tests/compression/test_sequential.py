@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import ARCH_CONFIGS, SAMPLE_TEXT, tiny_model
-from svdmlp import arch, checkpoint
+from svdmlp import arch, checkpoint, runtime
 from svdmlp.cli import main
 from svdmlp.compression import calibration, factorise, pipeline, sequential
 from svdmlp.compression import gram as gram_module
@@ -130,6 +130,18 @@ def test_the_dense_walk_holds_the_windows_hidden_states_once(tokenizer, monkeypa
         alive.append(sum(ref() is not None for ref in entered))
     assert len(entered) == 6  # each layer ran once per batch
     assert alive == [0, 0, 2]  # the last layer's inputs stay: nothing runs after it
+
+
+def test_the_heap_is_trimmed_before_each_layer_is_handed_over(tokenizer, monkeypatch):
+    """What running the layer freed goes back before the caller's decompositions and probes."""
+    trims = []
+    monkeypatch.setattr(runtime, "trim_heap", lambda: trims.append(True))
+    spec = arch.resolve("llama")
+    windows = calibration.token_windows(tokenizer, SAMPLE_TEXT, 4, 32, seed=0)
+    walk = sequential.calibrated_layers(
+        tiny_model("llama", num_hidden_layers=3), spec, windows, [0, 2], progress=False
+    )
+    assert [len(trims) for _ in walk] == [1, 2]
 
 
 def test_inputs_are_handed_over_for_closed_form_healing(tokenizer):

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from svdmlp import arch, lazy, lowrank
+from svdmlp import arch, lazy, lowrank, runtime
 from svdmlp.compression.calibration import LayerGrams
 from svdmlp.compression.gram import accumulate_gram
 from svdmlp.compression.layer_inputs import Batch, capture, run_layer
@@ -169,6 +169,7 @@ def _walk(model, spec, windows, indices, visit, batch_size, progress, desc, dens
             if index in wanted:
                 with torch.no_grad():
                     visited = visit(layer, batches, index, carried)
+                runtime.trim_heap()  # what running the layer freed, before the caller's long work
                 yield index, visited
                 del visited  # before the next layer's is made
             if index == last:
