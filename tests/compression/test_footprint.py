@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import tiny_config
-from svdmlp.compression import footprint
+from svdmlp.compression import footprint, ranks
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 
 RATES = footprint.Rates(f32=50e9, f64=25e9)
@@ -204,6 +204,23 @@ def test_the_allocation_carries_the_windows_through_the_layers_to_the_last_it_me
     last = footprint.predict(LLAMA_1B, config, 16, RATES, measured=15).seconds["allocation"]
     assert last == pytest.approx(walk + (every - walk) / 16)  # from the first layer, also when continued
     assert footprint.predict(LLAMA_1B, config, 16, RATES, measured=16).seconds["allocation"] == 0
+
+
+def test_the_factorisation_walks_up_to_its_last_layer_dense_and_sequentially_again_compressed():
+    def seconds(**changes) -> float:
+        config = _config(**changes)
+        layers = len(config.layers) if config.layers else 16
+        return footprint.predict(LLAMA_1B, config, layers, RATES).seconds["factorisation"]
+
+    rate = RATES.f32 * footprint.ACHIEVED
+    rank = ranks.rank_for_keep(2048, 8192, 0.8, CompressConfig().align)
+    compressed_layer = LLAMA_1B.layer_params - 3 * 2048 * 8192 + 3 * (2048 + 8192) * rank
+    again = 2 * 16 * compressed_layer * 16 * 513 / rate  # every layer run once more, compressed
+    assert seconds(heal="none") - seconds(sequential=False, heal="none") == pytest.approx(again)
+    further = 2 * 3 * LLAMA_1B.layer_params * 16 * 513 / rate  # three more dense layers to walk through
+    assert seconds(layers=(3,), sequential=False, heal="none") - seconds(
+        layers=(0,), sequential=False, heal="none"
+    ) == pytest.approx(further)
 
 
 def test_a_continued_sweep_predicts_only_what_its_stopped_points_left():

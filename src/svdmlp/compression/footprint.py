@@ -325,12 +325,16 @@ def predict(
     output_grams = (2 * i * i + h * h) * F64
     memory, seconds = {}, {}
     forward = 2 * shapes.params * tokens  # FLOPs of one pass over the calibration windows
+    # FLOPs of a walk that carries them through the decoder layers, up to the last one to compress.
+    walked = max(config.layers) + 1 if config.layers else shapes.layers
+    walk = 2 * walked * shapes.layer_params * tokens
     # The compression writes each compressed layer to the scratch directory (in float32: its attention
     # and its factors at keep's rank) and, with fisher, every layer's output-gradient Grams (float32)
     # and, while they are made, the hidden states entering each layer (deleted as the backward sweep
     # spills the Grams: counting both whole is an upper bound) and the gradient the sweep has reached.
     rank = ranks.rank_for_keep(h, i, config.keep, config.align)
-    factors = compressed * (shapes.layer_params - 3 * h * i + 3 * (h + i) * rank) * F32
+    compressed_layer = shapes.layer_params - 3 * h * i + 3 * (h + i) * rank  # its parameters
+    factors = compressed * compressed_layer * F32
     spilled = compressed * (2 * i * i + h * h) * F32 + (shapes.layers + 1) * tokens * h * F32
     disk = factors + (spilled if config.needs_output_grams else 0)
 
@@ -392,10 +396,10 @@ def predict(
         memory["allocation"] = per_layer + recorded + max(decomposing + 2 * factors_probed * F32, probe)
         probing = 2 * shapes.params * probe_tokens / 2 / speed.f32
         probes = max(0, compressed - measured)
-        # The dense walk carries the calibration windows through every decoder layer up to the last one
-        # it measures (from the first, also when a stopped run measured some already).
-        walk = 2 * shapes.layers * shapes.layer_params * tokens / speed.f32 if probes else 0.0
-        seconds["allocation"] = walk + probes * (factorise + len(probed) * probing)
+        # The dense walk runs from the first layer, also when a stopped run measured some already.
+        seconds["allocation"] = (walk / speed.f32 if probes else 0.0) + probes * (
+            factorise + len(probed) * probing
+        )
     # A layer's peak: decomposing a projection beside its input Grams, or closed form's Gram of the
     # compressed intermediate (which becomes its own root) and W·Cᵀ, a strip of their update, and the
     # MLP's inputs.
@@ -405,7 +409,9 @@ def predict(
     # products a token), the triangular solve, the target and two errors through inter² matrices (about
     # 5·h·i² in float64).
     closed = tokens * 4 * h * i / speed.f32 + grams(i) + speed.root(i) + 5 * h * i * i / speed.f64
-    seconds["factorisation"] = (forward / speed.f32 if config.sequential else 0) + compressed * (
+    # The walk runs each layer dense for its Grams and, sequential, again once compressed, to carry on.
+    rerun = 2 * compressed * compressed_layer * tokens if config.sequential else 0
+    seconds["factorisation"] = (walk + rerun) / speed.f32 + compressed * (
         factorise + (closed if config.heals_closed_form else 0)
     )
     if config.heals_lora:
