@@ -6,6 +6,7 @@ asked otherwise.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -44,6 +45,7 @@ MMAP_THRESHOLD = 16 * 2**20
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 
 
+@functools.cache
 def _glibc():
     """The C library when it is glibc (whose allocator these functions tune), else None."""
     import ctypes
