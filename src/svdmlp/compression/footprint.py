@@ -384,7 +384,7 @@ def predict(
         # the probed log-probabilities a few rows at a time, every keep's factors and their products V·U
         # standing in for the layer's weights (Llama-3.2-1B shape: 3.67 GB measured, 3.0 predicted
         # without these last three, BENCHMARKS.md session 14; Qwen2.5-Coder-1.5B's three keeps at once:
-        # 5.51 GB measured, 4.8 predicted, session 21).
+        # 4.84 GB measured, 4.81 predicted, session 21).
         probed = keeps_probed or (config.keep,)
         factors_probed = sum((h + i) * ranks.rank_for_keep(h, i, keep, config.align) for keep in probed)
         recorded = probe_tokens * vocab * F32 + shapes.layers * probe_tokens * h * F32
