@@ -197,7 +197,7 @@ def test_a_sweep_measures_its_allocations_sensitivities_once_for_every_keep():
 
 
 def test_the_allocation_carries_the_windows_through_the_layers_to_the_last_it_measures():
-    # Qwen2.5-Coder-1.5B's three keeps measured 143-230 s a layer (BENCHMARKS.md, sessions 20-21),
+    # Qwen2.5-Coder-1.5B's three keeps measured 131-230 s a layer (BENCHMARKS.md, sessions 20-21),
     # 1.6x the first line's 123 s before it counted the dense walk's forward pass.
     config = _config()
     walk = 2 * 16 * LLAMA_1B.layer_params * 16 * 513 / (RATES.f32 * footprint.ACHIEVED)
