@@ -18,6 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
+from matplotlib import colormaps
 from matplotlib.ticker import FuncFormatter
 from ratio_table import ratios_of, read_row
 
@@ -66,21 +67,25 @@ def table(rows: list[dict]) -> str:
 
 def plot(rows: list[dict], path: Path) -> None:
     """Left: the domains' geometric mean against the achieved keep, one line per model and recipe.
-    Right: each text's ratio at keep 0.8 with the default recipe (rows without a note), one bar per model."""
+    Right: each text's ratio at keep 0.8 with the default recipe, one bar per model (its last row without
+    a note or noted only as a sweep's: a sweep point is the same recipe)."""
     figure, (left, right) = new_figure((13, 4.8), panels=2)
     series = {}
     for row in rows:
         label = row["model"] + (f" ({row['note']})" if row.get("note") else "")
         series.setdefault(label, []).append((row["achieved"], row["domains"]))
-    for label, points in series.items():
+    colours = colormaps["tab20"].colors  # more series than the default cycle's ten colours
+    for number, (label, points) in enumerate(series.items()):
         points.sort()
-        left.plot([k for k, _ in points], [g for _, g in points], marker="o", label=label)
+        xs, ys = [k for k, _ in points], [g for _, g in points]
+        left.plot(xs, ys, marker="o", label=label, color=colours[number % len(colours)])
     left.set_xlabel("keep (fraction of MLP parameters kept)")
     left.set_ylabel("perplexity / dense, geometric mean over the domains")
     left.set_yscale("log")
     left.invert_xaxis()
     left.legend(fontsize="small")
-    at = [row for row in rows if row["keep"] == 0.8 and not row.get("note")]
+    default = {row["model"]: row for row in rows if row["keep"] == 0.8 and row.get("note", "sweep") == "sweep"}
+    at = list(default.values())
     names = _texts(at)
     width = 0.8 / max(len(at), 1)
     for number, row in enumerate(at):
