@@ -84,7 +84,9 @@ def plot(rows: list[dict], path: Path) -> None:
     left.set_yscale("log")
     left.invert_xaxis()
     left.legend(fontsize="small")
-    default = {row["model"]: row for row in rows if row["keep"] == 0.8 and row.get("note", "sweep") == "sweep"}
+    default = {
+        row["model"]: row for row in rows if row["keep"] == 0.8 and row.get("note", "sweep") == "sweep"
+    }
     at = list(default.values())
     names = _texts(at)
     width = 0.8 / max(len(at), 1)
