@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from conftest import ARCH_CONFIGS, SAMPLE_TEXT, count_calls, tiny_model
-from svdmlp import arch
+from svdmlp import arch, runtime
 from svdmlp.compression import decompose, pipeline
 from svdmlp.compression.calibration import collect_grams, mixture_windows, token_windows, tokens_hash
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
@@ -264,3 +264,21 @@ def test_each_step_that_runs_is_announced_as_it_ends(tokenizer, recipe, steps):
         on_step=announced.append,
     )
     assert announced == steps
+
+
+def test_the_heap_is_trimmed_as_each_step_ends(tokenizer, monkeypatch):
+    """What a step freed goes back to the operating system before the next step begins."""
+    events = []
+    monkeypatch.setattr(runtime, "trim_heap", lambda: events.append("trim"))
+    config = CompressConfig(keep=0.5, align=8, calibration=CALIB, method="fisher", sequential=True)
+    pipeline.compress(
+        tiny_model("llama"),
+        tokenizer,
+        config,
+        calibration_text=SAMPLE_TEXT,
+        progress=False,
+        on_step=events.append,
+    )
+    steps = [k for k, event in enumerate(events) if event != "trim"]
+    assert [events[k] for k in steps] == ["calibration", "factorisation"]
+    assert all(events[k - 1] == "trim" for k in steps)
