@@ -194,7 +194,8 @@ def compress(
 
     def step_done(step: str) -> None:
         # A step's activations (a 1.5B model's 224 windows: 0.7 GB of hidden states, as many MLP inputs)
-        # come from glibc's heap, which keeps them once freed: given back before the next step.
+        # come from glibc's heap, which keeps part of them once freed (0.4 GB of a distillation's floor
+        # after a 224-window factorisation, BENCHMARKS.md session 22): given back before the next step.
         runtime.trim_heap()
         if on_step is not None:
             on_step(step)
