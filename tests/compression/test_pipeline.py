@@ -267,4 +267,4 @@ def test_each_step_that_runs_is_announced_as_it_ends(tokenizer, recipe, steps, m
     )
     announced = [k for k, event in enumerate(events) if event != "trim"]
     assert [events[k] for k in announced] == steps
-    assert all(events[k - 1] == "trim" for k in announced)
+    assert all(k > 0 and events[k - 1] == "trim" for k in announced)
