@@ -13,6 +13,7 @@ import torch
 from conftest import (
     ARCH_CONFIGS,
     SAMPLE_TEXT,
+    VOCAB,
     assert_cli_error,
     backward_stopped_at,
     count_calls,
@@ -92,6 +93,40 @@ def test_tied_weights_stay_one_tensor(tokenizer, tmp_path):
         assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
         assert not torch.isnan(model.get_input_embeddings().weight).any()
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_an_embedding_called_without_gradients_reads_only_its_tokens_rows(tokenizer, tmp_path, monkeypatch):
+    # Only the rows of the tokens are read, whatever the padding row (a row of the whole table, here
+    # past the rows read); with gradients the table is read whole, as the gradient is the table's.
+    pad = VOCAB - 1
+    dense = _saved("llama", tokenizer, tmp_path, tie_word_embeddings=False, pad_token_id=pad)
+    model, _, _ = models.load_lazy(str(tmp_path))
+    embedding = model.get_input_embeddings()
+    read_whole, read_rows, whole, rows = lazy.read_tensor, lazy.read_rows, [], []
+    monkeypatch.setattr(lazy, "read_tensor", lambda *args: whole.append(args[2]) or read_whole(*args))
+    monkeypatch.setattr(lazy, "read_rows", lambda *args: rows.append(args[2]) or read_rows(*args))
+    ids = torch.cat([IDS, IDS.flip(1)[:, :3], torch.tensor([[pad]])], dim=1)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, dense(ids).logits)
+    assert "model.embed_tokens.weight" not in whole
+    assert len(rows) == 1 and torch.equal(rows[0], ids.unique())
+    assert torch.isnan(embedding.weight).all() and embedding.padding_idx == pad  # as it was
+    whole.clear()
+    assert torch.equal(model(ids).logits, dense(ids).logits)
+    assert "model.embed_tokens.weight" in whole and len(rows) == 1
+
+
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_rows_read_from_disk_are_the_tensor_s_rows(tmp_path, stored):
+    from safetensors.torch import save_file
+
+    table = torch.randn(50, 3, 2, generator=torch.Generator().manual_seed(0)).to(stored)
+    path = tmp_path / "t.safetensors"
+    save_file({"before": torch.ones(7), "t": table}, path)
+    rows = torch.tensor([0, 7, 8, 49])
+    for dtype in (torch.float32, torch.bfloat16):
+        read = lazy.read_rows(path, "t", rows, dtype, torch.device("cpu"))
+        assert read.dtype == dtype and torch.equal(read, table[rows].to(dtype))
 
 
 def _config(**changes) -> CompressConfig:

@@ -9,7 +9,9 @@ model for its device still gets the answer, and a forward that should not have r
 a forward pre-hook loads a unit's parameters (memory-mapped reads, cast to the compute
 dtype) and a forward hook drops them again, also when the forward raises. Code that reads weights
 directly holds the unit for the block (:func:`held`). :meth:`DiskWeights.store` writes a unit (a
-compressed layer) to a file of its own and reads it from there afterwards.
+compressed layer) to a file of its own and reads it from there afterwards. An input embedding called
+without gradients reads only the rows of its tokens (:func:`read_rows`): Qwen2.5-Coder-1.5B's is 0.93 GB
+in float32, a window's 513 tokens 3 MB of it.
 
 Tied parameters (an embedding shared with the LM head) stay one tensor: a parameter is replaced in
 every slot that holds it. Holds are counted per parameter, so a tied weight stays loaded while any
@@ -20,8 +22,11 @@ run (as distillation and the output-gradient Grams do): autograd keeps the param
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -77,6 +82,22 @@ def read_tensor(handle, path: Path, name: str, dtype: torch.dtype, device: torch
     return out
 
 
+def read_rows(
+    path: Path, name: str, rows: torch.Tensor, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Rows ``rows`` (sorted, distinct) of the floating-point tensor ``name`` of the safetensors file
+    ``path``, in ``dtype`` on ``device``: one read of each row, nothing else of the tensor touched."""
+    start, header = _data_start(path)
+    info = header[name]
+    kind, shape = _STORED_DTYPES[info["dtype"]], info["shape"]
+    row_bytes = math.prod(shape[1:]) * torch.empty((), dtype=kind).element_size()
+    offset = start + info["data_offsets"][0]
+    with open(path, "rb") as file:
+        data = b"".join(os.pread(file.fileno(), row_bytes, offset + row * row_bytes) for row in rows.tolist())
+    read = torch.frombuffer(bytearray(data), dtype=kind).view(len(rows), *shape[1:])
+    return read.to(device=device, dtype=dtype)
+
+
 def tensor_files(directory: str | Path) -> dict[str, Path]:
     """Which file of a Hugging Face model directory holds each tensor (one file, or shards and their index)."""
     root = Path(directory)
@@ -100,6 +121,14 @@ class _OnDisk:
         self.loaded: nn.Parameter | None = None
         self.slots: list[tuple[nn.Module, str]] = []
         self.holds = 0
+
+
+@dataclass
+class _Lookup:
+    """An embedding's call that read only its tokens' rows, and the padding row it set aside."""
+
+    entry: _OnDisk
+    padding_idx: int | None
 
 
 class DiskWeights:
@@ -138,18 +167,47 @@ class DiskWeights:
                 self._swap(parameter, placeholder)
             unit.register_forward_pre_hook(self._on_call)
             unit.register_forward_hook(self._on_return, always_call=True)
-        self._calls: dict[int, list[list[_OnDisk]]] = {}  # id(unit) -> what each running forward holds
+        # id(unit) -> what each running forward holds, or the lookup it made of an embedding's rows
+        self._calls: dict[int, list[list[_OnDisk] | _Lookup]] = {}
         self.scratch = Path(scratch) if scratch is not None else None
         self.stored: dict[int, Path] = {}  # id(unit) -> the file store() wrote it to, in ``dtype``
         setattr(model, _ATTRIBUTE, self)
 
-    def _on_call(self, module: nn.Module, args) -> None:
-        self._calls.setdefault(id(module), []).append(self._acquire(module))
+    def _on_call(self, module: nn.Module, args):
+        entry = self._rows_only(module, args)
+        if entry is None:
+            self._calls.setdefault(id(module), []).append(self._acquire(module))
+            return None
+        tokens, ids = torch.unique(args[0], return_inverse=True)
+        rows = read_rows(entry.path, entry.name, tokens.cpu(), self.dtype, self.device)
+        # padding_idx names a row of the whole table and only masks its gradient, which is not taken
+        lookup = _Lookup(entry, module.padding_idx)
+        module._parameters["weight"], module.padding_idx = nn.Parameter(rows, requires_grad=False), None
+        self._calls.setdefault(id(module), []).append(lookup)
+        return (ids,)
 
     def _on_return(self, module: nn.Module, args, output) -> None:
         pending = self._calls.get(id(module))
-        if pending:  # none when the call was interrupted in :meth:`_on_call` (which cleaned up)
-            self._release(pending.pop())
+        if not pending:  # none when the call was interrupted in :meth:`_on_call` (which cleaned up)
+            return
+        held = pending.pop()
+        if isinstance(held, _Lookup):  # the rows go, the placeholder comes back
+            module._parameters["weight"], module.padding_idx = held.entry.placeholder, held.padding_idx
+        else:
+            self._release(held)
+
+    def _rows_only(self, module: nn.Module, args) -> _OnDisk | None:
+        """The on-disk weight of an input embedding called on token ids, not loaded, needing no gradient
+        and stored in floating point: a lookup then reads only its tokens' rows (:meth:`_on_call`).
+        None for any other call, which loads the unit whole."""
+        if not isinstance(module, nn.Embedding) or module.max_norm is not None:
+            return None
+        entry = self._entries.get(id(module.weight))
+        if entry is None or entry.holds or len(args) != 1 or not torch.is_tensor(args[0]):
+            return None
+        if args[0].is_floating_point() or torch.is_grad_enabled() and entry.placeholder.requires_grad:
+            return None
+        return entry if _data_start(entry.path)[1][entry.name]["dtype"] in FLOATING else None
 
     def _hollow(self, like: nn.Parameter) -> nn.Parameter:
         """A placeholder for ``like``: its shape, the loaded dtype and device, one NaN in memory."""
