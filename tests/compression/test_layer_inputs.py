@@ -26,7 +26,7 @@ def _whole_head_gradient(model, spec, ids, hidden, loss):
     with layer_inputs.head_only(model, spec, given), torch.enable_grad():
         value = loss(model(input_ids=ids, use_cache=False).logits)
         value.backward()
-    return float(value), given.grad
+    return float(value.detach()), given.grad
 
 
 @pytest.mark.parametrize("model_type", sorted(ARCH_CONFIGS))
