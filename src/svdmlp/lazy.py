@@ -173,7 +173,7 @@ class DiskWeights:
         self.stored: dict[int, Path] = {}  # id(unit) -> the file store() wrote it to, in ``dtype``
         setattr(model, _ATTRIBUTE, self)
 
-    def _on_call(self, module: nn.Module, args):
+    def _on_call(self, module: nn.Module, args) -> tuple[torch.Tensor] | None:
         entry = self._rows_only(module, args)
         if entry is None:
             self._calls.setdefault(id(module), []).append(self._acquire(module))
