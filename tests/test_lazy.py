@@ -122,11 +122,12 @@ def test_rows_read_from_disk_are_the_tensor_s_rows(tmp_path, stored):
 
     table = torch.randn(50, 3, 2, generator=torch.Generator().manual_seed(0)).to(stored)
     path = tmp_path / "t.safetensors"
-    save_file({"before": torch.ones(7), "t": table}, path)
+    save_file({"before": torch.ones(7), "t": table, "ints": torch.arange(50)}, path)
     rows = torch.tensor([0, 7, 8, 49])
     for dtype in (torch.float32, torch.bfloat16):
         read = lazy.read_rows(path, "t", rows, dtype, torch.device("cpu"))
         assert read.dtype == dtype and torch.equal(read, table[rows].to(dtype))
+    assert lazy.read_rows(path, "ints", rows, torch.float32, torch.device("cpu")) is None  # not floating
 
 
 def _config(**changes) -> CompressConfig:

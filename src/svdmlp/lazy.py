@@ -84,12 +84,15 @@ def read_tensor(handle, path: Path, name: str, dtype: torch.dtype, device: torch
 
 def read_rows(
     path: Path, name: str, rows: torch.Tensor, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """Rows ``rows`` (sorted, distinct) of the floating-point tensor ``name`` of the safetensors file
-    ``path``, in ``dtype`` on ``device``: one read of each row, nothing else of the tensor touched."""
+) -> torch.Tensor | None:
+    """Rows ``rows`` (sorted, distinct) of the tensor ``name`` of the safetensors file ``path``, in
+    ``dtype`` on ``device``: one read of each row, nothing else of the tensor touched. None when it is
+    not stored in one of the floating-point types :data:`FLOATING` names."""
     start, header = _data_start(path)
     info = header[name]
-    kind, shape = _STORED_DTYPES[info["dtype"]], info["shape"]
+    kind, shape = _STORED_DTYPES.get(info["dtype"]), info["shape"]
+    if kind is None:
+        return None
     row_bytes = math.prod(shape[1:]) * torch.empty((), dtype=kind).element_size()
     offset = start + info["data_offsets"][0]
     with open(path, "rb") as file:
@@ -174,12 +177,13 @@ class DiskWeights:
         setattr(model, _ATTRIBUTE, self)
 
     def _on_call(self, module: nn.Module, args) -> tuple[torch.Tensor] | None:
-        entry = self._rows_only(module, args)
-        if entry is None:
+        entry, rows = self._rows_only(module, args), None
+        if entry is not None:
+            tokens, ids = torch.unique(args[0], return_inverse=True)
+            rows = read_rows(entry.path, entry.name, tokens.cpu(), self.dtype, self.device)
+        if rows is None:
             self._calls.setdefault(id(module), []).append(self._acquire(module))
             return None
-        tokens, ids = torch.unique(args[0], return_inverse=True)
-        rows = read_rows(entry.path, entry.name, tokens.cpu(), self.dtype, self.device)
         # padding_idx names a row of the whole table and only masks its gradient, which is not taken
         lookup = _Lookup(entry, module.padding_idx)
         module._parameters["weight"], module.padding_idx = nn.Parameter(rows, requires_grad=False), None
@@ -197,9 +201,9 @@ class DiskWeights:
             self._release(held)
 
     def _rows_only(self, module: nn.Module, args) -> _OnDisk | None:
-        """The on-disk weight of an input embedding called on token ids, not loaded, needing no gradient
-        and stored in floating point: a lookup then reads only its tokens' rows (:meth:`_on_call`).
-        None for any other call, which loads the unit whole."""
+        """The on-disk weight of an input embedding called on token ids, not loaded and needing no
+        gradient: a lookup then reads only its tokens' rows (:meth:`_on_call`; a table not stored in
+        floating point is loaded whole after all). None for any other call, which loads the unit whole."""
         if not isinstance(module, nn.Embedding) or module.max_norm is not None:
             return None
         entry = self._entries.get(id(module.weight))
@@ -207,7 +211,7 @@ class DiskWeights:
             return None
         if args[0].is_floating_point() or torch.is_grad_enabled() and entry.placeholder.requires_grad:
             return None
-        return entry if _data_start(entry.path)[1][entry.name]["dtype"] in FLOATING else None
+        return entry
 
     def _hollow(self, like: nn.Parameter) -> nn.Parameter:
         """A placeholder for ``like``: its shape, the loaded dtype and device, one NaN in memory."""
