@@ -305,7 +305,8 @@ def test_a_run_stopped_between_layers_keeps_the_previous_checkpoint_and_continue
     checkpoint.load(out)  # every file as recorded
     work = root / ".ckpt.work"
     assert "is kept in " + str(work) in capsys.readouterr().err
-    assert sorted(json.loads((work / "progress.json").read_text())["layers"]) == sorted(map(str, calls[:2]))
+    stopped_run = json.loads((work / "progress.json").read_text())
+    assert sorted(stopped_run["layers"]) == sorted(map(str, calls[:2]))
 
     journal = (work / "progress.json").read_text()
     code, _, err = run_cli(capsys, *again, "--dry-run")  # predicts what is left, touches nothing
@@ -314,11 +315,17 @@ def test_a_run_stopped_between_layers_keeps_the_previous_checkpoint_and_continue
 
     resumed = []
     monkeypatch.setattr(factorise, "layer", lambda *a, **k: resumed.append(a[2]) or layer(*a, **k))
-    code, _, err = run_cli(capsys, *again)
+    code, printed, err = run_cli(capsys, *again)
     assert code == 0, err
     assert f"continuing the stopped run in {work}: calibration, allocation, 2 compressed layers done" in err
     assert resumed == calls[2:]  # only the layer not done
     assert not work.exists()
+    # The report counts the stopped run's seconds (recorded as it stopped) with this run's.
+    spent = json.loads((out / "svdmlp.json").read_text())["report"]
+    assert "s with the stopped runs it continued (calibration" in printed
+    for step, seconds in stopped_run["seconds"].items():
+        assert spent["timings"][step] >= seconds > 0, step
+    assert spent["seconds"] == pytest.approx(sum(spent["timings"].values()))
     whole, continued = _factors(root / "whole"), _factors(out)
     assert whole.keys() == continued.keys()
     for name, tensor in whole.items():

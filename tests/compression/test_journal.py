@@ -74,3 +74,16 @@ def test_measured_sensitivities_read_back_exactly_until_the_allocation_is_record
     assert journal.Journal(tmp_path, PLAN).summary() == "1 layers' sensitivity"
     record.allocated({3: {"gate": 32}}, {"seconds": 1.0})
     assert journal.Journal(tmp_path, PLAN).sensitivities() == {}
+
+
+def test_the_steps_seconds_are_kept_with_each_record_and_when_a_run_stops(tmp_path):
+    first = journal.Journal(tmp_path, PLAN)
+    first.clock.switch("allocation")
+    first.allocated({0: {"gate": 8}}, {"seconds": 1.0})
+    recorded = journal.Journal(tmp_path, PLAN).clock.totals()
+    assert set(recorded) == {"allocation"} and recorded["allocation"] >= 0
+    first.clock.switch("factorisation")
+    first.stopped()  # the time since the last record, which a stop would otherwise lose
+    continued = journal.Journal(tmp_path, PLAN).clock.totals()
+    assert continued == first.clock.totals() and set(continued) == {"allocation", "factorisation"}
+    assert continued["allocation"] >= recorded["allocation"]

@@ -131,7 +131,7 @@ def test_budget_allocation_meets_the_budget_from_measured_divergences(tokenizer,
     assert params - allocated.params_after["mlp"] < 3 * 8 * 160  # within one layer block of align 8
     info = allocated.allocation
     assert info["method"] == "measured-sensitivity" and info["tokens"] == 2 * 32  # windows of calib seq_len
-    assert allocated.timings["allocation"] == info["seconds"] > 0
+    assert allocated.timings["allocation"] >= info["seconds"] > 0  # the step: measuring, then choosing
     for layer, chosen in zip(allocated.layers, info["layers"], strict=True):
         assert set(layer.ranks.values()) == {chosen["rank"]} and chosen["rank"] % 8 == 0  # one rank per layer
         assert chosen["kl"] > 0 and chosen["reference_rank"] == uniform.layers[layer.index].ranks["gate"]

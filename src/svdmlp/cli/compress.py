@@ -227,6 +227,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
     out = Path(args.out).expanduser().resolve()
     journal = _journal(args, compress_config, out, dtype)
+    continued = journal is not None and bool(journal.summary())
     predicted, resident_healing = _check_footprint(args, compress_config, shapes, journal)
     if args.dry_run:
         print(predicted.table())
@@ -268,6 +269,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
         if finished or journal is None or not journal.summary():
             shutil.rmtree(scratch, ignore_errors=True)
         else:
+            journal.stopped()
             print(
                 f"svdmlp: stopped; what is done ({journal.summary()}) is kept in {scratch}: "
                 "run the same command again to continue",
@@ -281,7 +283,9 @@ def run(args: argparse.Namespace) -> options.Outcome:
         if line:
             print(line)
     phases = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result.timings.items())
-    print(f"compress wall time {time.perf_counter() - started:.1f} s ({phases}); saved {path}")
+    wall = time.perf_counter() - started
+    runs = f"; {result.seconds:.1f} s with the stopped runs it continued" if continued else ""
+    print(f"compress wall time {wall:.1f} s{runs} ({phases}); saved {path}")
     peaks = peak_memory(device)
     gpu = f", GPU {peaks['cuda'] / footprint.GB:.2f} GB (torch's allocator)" if "cuda" in peaks else ""
     print(

@@ -4,7 +4,8 @@ A model on disk is compressed into a work directory: the output-gradient Grams a
 each compressed layer is written there as it is made (:meth:`svdmlp.lazy.DiskWeights.store`). The
 journal (``progress.json`` beside them, rewritten atomically) records what is done and what it found:
 the calibration's tokens, each layer's measured sensitivity and then the allocated ranks, each stored
-layer's record, the healing. Started again
+layer's record, the healing, and the seconds spent in each step so far (:mod:`~svdmlp.compression.clock`).
+Started again
 with the same plan on the same directory, compression skips what the journal records: it installs the
 stored layers from their files instead of compressing them again, and calibration, allocation and
 healing, once recorded, are not run again. Hours of a big model's run survive a crash, an OOM kill or
@@ -29,6 +30,7 @@ import torch.nn as nn
 
 from svdmlp import arch, lazy, lowrank
 from svdmlp.compression.calibration import Calibration
+from svdmlp.compression.clock import StepClock
 from svdmlp.compression.heal import distill
 from svdmlp.compression.output_grams import OutputGrams, kept
 from svdmlp.compression.ranks import LayerSensitivity, Spectrum
@@ -70,9 +72,12 @@ class Journal:
                     f"it, or delete {self.directory} to start this one"
                 )
             self.state = state
+        # The steps' seconds over every run of this plan, kept with each record written.
+        self.clock = StepClock(self.state.get("seconds"))
 
     def _write(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.state["seconds"] = self.clock.totals()
         partial = self.path.with_name(self.path.name + ".partial")
         partial.write_text(json.dumps(self.state, indent=1))
         partial.replace(self.path)
@@ -94,6 +99,11 @@ class Journal:
         if self.state.get("layers"):
             parts.append(f"{len(self.state['layers'])} compressed layers")
         return ", ".join(parts)
+
+    def stopped(self) -> None:
+        """Record the time of a run stopped after its last record (a continued run counts it)."""
+        self.clock.switch(None)
+        self._write()
 
     # Calibration: the output-gradient Grams spilled to the directory, one file per layer.
 

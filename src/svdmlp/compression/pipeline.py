@@ -38,6 +38,7 @@ from svdmlp.compression.calibration import (
     tokens_hash,
     training_and_validation,
 )
+from svdmlp.compression.clock import StepClock
 from svdmlp.compression.heal import distill
 from svdmlp.compression.journal import Journal, resumable
 from svdmlp.compression.report import CompressionReport, LayerRecord, count_parameters
@@ -165,6 +166,7 @@ def compress(
     on_step: Callable[[str], None] | None = None,
     resident_healing: bool = False,
     journal: Journal | None = None,
+    clock: StepClock | None = None,
 ) -> CompressionReport:
     """Factorise the MLPs of ``model`` in place as ``config`` says and report what was done.
 
@@ -183,14 +185,17 @@ def compress(
         journal: a model on disk's progress (:mod:`~svdmlp.compression.journal`): what it records is
             not done again, and what is done is recorded as it ends. Only for a plan
             :func:`~svdmlp.compression.journal.resumable` says can continue.
+        clock: times the steps, with what the caller did for them before (a sweep's shared
+            calibration); with a journal, the journal's, which holds the earlier runs' time.
 
     Returns:
         A report with every decoder layer (compressed or skipped with the reason), ranks, achieved
         keep, errors, parameter counts and the hash of the calibration tokens.
     """
-    started = time.perf_counter()
     if journal is not None and (not resumable(config) or lazy.of(model) is None):
         raise ValueError("a journal is for a model on disk and a plan that can continue (journal.resumable)")
+    clock = journal.clock if journal is not None else clock or StepClock()
+    clock.switch("calibration")  # the checks and the windows' drawing count with it
 
     def step_done(step: str) -> None:
         # A step's activations (a 1.5B model's 224 windows: 0.7 GB of hidden states, as many MLP inputs)
@@ -212,7 +217,6 @@ def compress(
 
     grams, outputs, calibration_info = {}, {}, {}
     collected_here = calibration is None  # Grams of our own, spilled to disk: deleted once used
-    calibrated = time.perf_counter()
     # The output-gradient Grams are made up front (a backward pass needs the whole model); the input
     # Grams one layer at a time, as each layer's turn comes, except for one-shot factorising of a
     # model in memory after budget allocation, which reuses the probes' Grams and their whitenings.
@@ -242,12 +246,12 @@ def compress(
     grams_used = config.needs_calibration and bool(to_compress)
     teacher = distill.DenseTeacher(model, spec, to_compress) if config.heals_lora and to_compress else None
 
-    factorising = time.perf_counter()
-    timings, allocation = {}, {}
+    allocation = {}
     allocated = journal.allocation() if journal is not None else None
     if allocated is not None:
         planned, allocation = allocated
     elif config.allocation == "budget" and to_compress:
+        clock.switch("allocation")
         measuring = time.perf_counter()
         measured = journal.sensitivities() if journal is not None else {}
         to_probe = sorted(set(planned) - set(measured))
@@ -270,9 +274,9 @@ def compress(
             if collected_here:
                 _discard(outputs.get(index))
         to_compress = [i for i in to_compress if i in planned]
-        timings["allocation"] = allocation["seconds"]
 
-    done_by_index, sequential_calibration = {}, 0.0
+    clock.switch("factorisation")
+    done_by_index = {}
     if journal is not None:
         if config.needs_calibration:
             windows()  # drawn while the model is dense (``self`` samples it), before the layers come back
@@ -287,7 +291,7 @@ def compress(
     layer_by_layer = config.sequential or (config.needs_calibration and not grams)
     if layer_by_layer and to_compress:
         grams.clear()  # only the ranks came from the dense Grams
-        sequential_started, factorised = time.perf_counter(), 0.0
+        clock.switch("calibration")  # the walk to each layer, each layer's Grams
         tokens = windows()
         layers_in_order = sequential.calibrated_layers(
             model,
@@ -300,18 +304,18 @@ def compress(
         )
         previous = None
         for index, layer_grams, inputs in layers_in_order:
+            clock.switch("factorisation")
             stored(previous)
-            begun = time.perf_counter()
             layer_grams.outputs = outputs.get(index)  # the dense model's: a one-shot approximation
             layer_grams.keep_whitenings = lazy.of(model) is None  # a big model's: one at a time
             done_by_index[index] = factorise.layer(model, spec, index, planned[index], layer_grams, inputs)
             if collected_here:
                 _discard(outputs.get(index))
             del layer_grams, inputs  # before the walk makes the next layer's
-            factorised += time.perf_counter() - begun
             previous = index
+            clock.switch("calibration")
+        clock.switch("factorisation")
         stored(previous)
-        sequential_calibration = time.perf_counter() - sequential_started - factorised
         calibration_info = {
             "tokens": tokens.numel(),
             "sha256": tokens_hash(tokens),
@@ -334,11 +338,11 @@ def compress(
             stored(index)
             if collected_here:
                 _discard(outputs.get(index))
-    done = time.perf_counter()
     step_done("factorisation")
 
     healing = journal.healing() if journal is not None else None
     if healing is None and teacher is not None:
+        clock.switch("healing")
         if journal is not None:
             journal.before_healing(model)
         healing = _heal_by_distillation(
@@ -348,13 +352,12 @@ def compress(
             journal.healed(healing, model)
         step_done("healing")
     healing = healing or {}
-    if healing:
-        timings["healing"] = healing["seconds"]
     del teacher  # the dense MLPs it kept
     after = count_parameters(model, mlp_names)  # before quantization turns the factors into buffers
     quantization = {}
     how = factor_scheme(config.factor_bits)
     if how is not None:
+        clock.switch("quantization")
         quantization = quantized_factors.quantize_layers(
             model,
             spec,
@@ -364,19 +367,15 @@ def compress(
             lambda index: _store(model, layers, index),
             progress,
         )
-        timings["quantization"] = quantization["seconds"]
         step_done("quantization")
-    finished = time.perf_counter()
+    clock.switch(None)
+    timings = clock.totals()
     return CompressionReport(
         layers=records,
         params_before=before,
         params_after=after,
-        seconds=finished - started,
-        timings={
-            "calibration": factorising - calibrated + sequential_calibration,
-            "factorisation": done - factorising - sequential_calibration - timings.get("allocation", 0.0),
-            **timings,
-        },
+        seconds=sum(timings.values()),
+        timings=timings,
         calibration=calibration_info,
         error_metric="activation-weighted" if grams_used else "weight-frobenius",
         healing=healing,

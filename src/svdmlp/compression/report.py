@@ -63,8 +63,8 @@ class CompressionReport:
     # "activation-weighted" (‖(W − VU)Xᵀ‖/‖WXᵀ‖ on the calibration data) or, without calibration,
     # "weight-frobenius" (‖W − VU‖/‖W‖).
     error_metric: str = "activation-weighted"
-    # Wall seconds per phase ("calibration", "factorisation", "allocation" and "healing" if any); ``seconds`` is their
-    # total plus checks.
+    # Wall seconds per step ("calibration", "allocation", "factorisation", "healing", "quantization", those
+    # that ran), summed over the runs that made it (svdmlp.compression.clock); ``seconds`` is their total.
     timings: dict = field(default_factory=dict)
     # Distillation healing ("lora"): steps, lr, seq_len, tokens and their hash, seconds, validation
     # KL (nats/token, dense -> compressed) before and after; empty without it.

@@ -217,10 +217,11 @@ def write_report(out: Path, records: list[dict], command: str, bench: speed.Benc
         f"- Calibration (whiten): {_calibration(sweep['compress'])}" + _calibration_hash(records) + ".",
         "- MLP MB: the MLP's bytes, packed with their fp16 scales where quantized, else two per parameter "
         "(bf16, as checkpoints are saved); quantized factors leave the layers the allocation kept dense in bf16.",
-        "- compress s: wall seconds of compression when the point ran (with the rounding, for quantized "
-        "weights), with what it made for the points after it too (the output-gradient Grams, the allocation's "
-        "measurements, the whitenings): the first point of a run pays for what the others reuse; a resumed "
-        "sweep's points may come from runs on differently loaded machines.",
+        "- compress s: wall seconds of compression (with the rounding, for quantized weights), with what "
+        "the point made for the points after it too (the output-gradient Grams, the allocation's "
+        "measurements, the whitenings): the first point of a run pays for what the others reuse. A point "
+        "continued after a stop counts its stopped runs' seconds too, as its journal recorded them, which "
+        "may come from differently loaded machines.",
         "",
         _table(records, texts, tasks),
         "",

@@ -41,6 +41,7 @@ import torch
 
 from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.compression import footprint, output_grams, pipeline
+from svdmlp.compression.clock import StepClock
 from svdmlp.compression.journal import JOURNAL_FILE, Journal, resumable
 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import CompressionReport, count_parameters
@@ -265,24 +266,24 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
                 else:
                     config = _config(point, base)
                     journal = _journal(model, config, identity, work, log, prefix)
-                    shared_seconds = {}  # of the work this point does for the later ones too
+                    # The point's time counts the work it does for the later ones too (their shared
+                    # Grams and measurements), and, continued, its earlier runs' (its journal's).
+                    clock = journal.clock if journal is not None else StepClock()
                     if pipeline.shared_calibration(model, config):
-                        begun = time.perf_counter()
+                        clock.switch("calibration")
                         calibration = _shared_calibration(
                             model, tokenizer, config, calibration, shared, identity, log, prefix
                         )
-                        shared_seconds["calibration"] = time.perf_counter() - begun
                     if journal is not None and config.allocation == "budget" and journal.allocation() is None:
-                        begun = time.perf_counter()
+                        clock.switch("allocation")
                         later = points[number:]
                         _shared_sensitivities(
                             model, tokenizer, point, journal, later, base, out, identity, calibration
                         )
-                        shared_seconds["allocation"] = time.perf_counter() - begun
                     report = pipeline.compress(
-                        model, tokenizer, config, calibration=calibration, journal=journal
+                        model, tokenizer, config, calibration=calibration, journal=journal, clock=clock
                     )
-                    record.update(_compressed(report, shared_seconds))
+                    record.update(_compressed(report))
                     if any(p.floating == point and not point_path(out, p).is_file() for p in points[number:]):
                         checkpoint.save(
                             kept, model, tokenizer, config, report, identity["model"], dtype=dtype
@@ -290,6 +291,7 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
             record.update(suite.score(model, tokenizer, texts.of(tokenizer), settings, point.name))
         except BaseException:
             if journal is not None and journal.summary():
+                journal.stopped()
                 log(f"{prefix} {point.name}: stopped; what is done ({journal.summary()}) is kept in {work}")
             else:
                 shutil.rmtree(work, ignore_errors=True)
@@ -385,16 +387,12 @@ def _dense(model, tokenizer, point: Point, base: CompressConfig) -> dict:
     return {**record, "quantization": quantization, "compress_seconds": time.perf_counter() - started}
 
 
-def _compressed(report: CompressionReport, shared: dict[str, float] | None = None) -> dict:
-    """A compressed point's record; ``shared``: the seconds of each step's work that this point did
-    before its compression, for itself and the points after it (the Grams and measurements they
-    share), counted in its time."""
-    shared = shared or {}
-    steps = dict.fromkeys([*shared, *report.timings])
+def _compressed(report: CompressionReport) -> dict:
+    """A compressed point's record."""
     return {
         "achieved_keep": report.achieved_keep,
-        "compress_seconds": report.seconds + sum(shared.values()),
-        "timings": {step: report.timings.get(step, 0.0) + shared.get(step, 0.0) for step in steps},
+        "compress_seconds": report.seconds,
+        "timings": report.timings,
         "calibration": report.calibration,
         "params": report.params_after,
         "healing": report.healing,  # distillation's validation KL before and after, reverted or not

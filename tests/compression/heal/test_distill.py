@@ -237,8 +237,8 @@ def test_compress_with_lora_records_the_healing(tokenizer, method):
     # Validation windows are drawn apart from the training ones; on a random tiny model nothing says
     # the KL there must fall (the calibration loss does: see the test above), only that it is measured.
     assert 0 < healing["kl_before"] < 10 and 0 < healing["kl_after"] < 10 and len(healing["sha256"]) == 64
-    assert report.timings["healing"] == healing["seconds"]
-    assert report.seconds >= sum(report.timings.values()) - 1e-6
+    assert report.timings["healing"] >= healing["seconds"]  # the step: distillation and its checks
+    assert report.seconds == pytest.approx(sum(report.timings.values()))
 
 
 @pytest.mark.parametrize("rate", [["--heal-lr", "0.001"], ["--heal-relative-lr", "0.002"]])
