@@ -289,7 +289,8 @@ def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, toke
     logged = capsys.readouterr()
     assert f"kept in {work}" in logged.out
     assert "sensitivity of keeps 0.8, 0.5: 100%" in logged.err  # measured by the first point
-    assert list(json.loads((work / "progress.json").read_text())["layers"]) == [str(second[0])]
+    stopped_run = json.loads((work / "progress.json").read_text())
+    assert list(stopped_run["layers"]) == [str(second[0])]
     assert (out / ".calibration" / "progress.json").is_file()
     code, _, err = run_cli(capsys, *argv, "--calib-samples", "5")
     assert code == 2 and "holds a stopped compression of another plan" in err  # refused before any work
@@ -307,6 +308,11 @@ def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, toke
         continued = json.loads((out / "points" / f"{name}.json").read_text())
         assert continued["achieved_keep"] == whole["achieved_keep"]
         assert continued["perplexity"] == pytest.approx(whole["perplexity"], rel=1e-5)
+    # The continued point's time counts its stopped run's, as its journal recorded it when stopped.
+    point = json.loads((out / "points" / f"{recipe}-keep0.5.json").read_text())
+    for step, seconds in stopped_run["seconds"].items():
+        assert point["timings"][step] >= seconds > 0, step
+    assert point["compress_seconds"] == pytest.approx(sum(point["timings"].values()))
 
 
 def test_a_sweeps_keeps_share_their_allocations_measurements_three_at_a_time(
