@@ -224,6 +224,15 @@ def test_the_factorisation_walks_up_to_its_last_layer_dense_and_sequentially_aga
     ) == pytest.approx(further)
 
 
+def test_a_stopped_point_has_left_the_layers_its_allocation_chose_that_are_not_stored():
+    assert footprint.Done().left(16) == 16 and footprint.Done(layers=10).left(16) == 6
+    allocated = footprint.Done(("calibration", "allocation"), layers=3, chosen=5)
+    assert allocated.left(16) == 2  # eleven layers left dense are not compressed
+    healed = footprint.Done(("calibration", "allocation", "factorisation", "healing"), layers=5, chosen=5)
+    sweep = footprint.predict_sweep(LLAMA_1B, [_config(keep=0.95)], RATES, 512, 1, [healed])
+    assert set(sweep.seconds) == {"evaluation"}  # a point whose layers are healed is only scored
+
+
 def test_a_continued_sweep_predicts_only_what_its_stopped_points_left():
     keeps = [_config(keep=k) for k in (0.9, 0.8)]
     stopped = footprint.Done(("calibration", "allocation"), layers=10)

@@ -8,6 +8,7 @@ from svdmlp.compression import journal
 from svdmlp.compression.calibration import Calibration
 from svdmlp.compression.output_grams import OutputGrams
 from svdmlp.compression.ranks import LayerSensitivity, Spectrum
+from svdmlp.compression.report import LayerRecord
 from svdmlp.config import CalibrationSpec, CompressConfig
 
 PLAN = {"model": "m", "config": {"keep": 0.8, "calibration": {"num_samples": 32}}, "dtype": "torch.float32"}
@@ -87,3 +88,13 @@ def test_the_steps_seconds_are_kept_with_each_record_and_when_a_run_stops(tmp_pa
     continued = journal.Journal(tmp_path, PLAN).clock.totals()
     assert continued == first.clock.totals() and set(continued) == {"allocation", "factorisation"}
     assert continued["allocation"] >= recorded["allocation"]
+
+
+def test_the_factorisation_is_done_once_every_layer_the_allocation_chose_is_stored(tmp_path):
+    record = journal.Journal(tmp_path, PLAN)
+    assert record.chosen() is None and record.done == []
+    record.allocated({3: {"gate": 32}, 5: {"gate": 32}}, {"seconds": 1.0})  # the other layers stay dense
+    record.stored(LayerRecord(3, "model.layers.3.mlp", "compressed"))
+    assert record.chosen() == 2 and record.done == ["allocation"]
+    record.stored(LayerRecord(5, "model.layers.5.mlp", "compressed"))
+    assert journal.Journal(tmp_path, PLAN).done == ["allocation", "factorisation"]

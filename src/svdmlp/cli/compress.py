@@ -155,10 +155,9 @@ def _check_footprint(args: argparse.Namespace, compress_config, shapes, journal=
     at most a quarter of the memory allowed."""
     from svdmlp.compression import footprint
 
-    layers = len(compress_config.layers) if compress_config.layers is not None else shapes.layers
-    done, measured = (journal.done, len(journal.sensitivities())) if journal is not None else ([], 0)
-    if journal is not None:
-        layers -= len(journal.layers())
+    candidates = len(compress_config.layers) if compress_config.layers is not None else shapes.layers
+    done = footprint.Done.of(journal) if journal is not None else footprint.Done()
+    layers = done.left(candidates)
     limit = args.max_memory * footprint.GB if args.max_memory is not None else footprint.available_memory()
     rates = footprint.Rates.measure()
 
@@ -169,8 +168,8 @@ def _check_footprint(args: argparse.Namespace, compress_config, shapes, journal=
             layers,
             rates=rates,
             resident_healing=resident_healing,
-            measured=measured,
-        ).without(done)
+            measured=done.measured,
+        ).without(list(done.steps))
 
     resident = predict(True)
     healing = resident.memory.get("healing")

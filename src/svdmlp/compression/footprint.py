@@ -441,6 +441,23 @@ class Done:
     steps: tuple[str, ...] = ()
     layers: int = 0
     measured: int = 0  # layers whose sensitivity its allocation recorded
+    chosen: int | None = None  # layers its allocation chose to compress, once recorded
+
+    @classmethod
+    def of(cls, journal, before: tuple[str, ...] = ()) -> Done:
+        """What ``journal`` records done, after the steps ``before`` done elsewhere (a sweep's shared
+        calibration)."""
+        return cls(
+            before + tuple(journal.done),
+            len(journal.layers()),
+            len(journal.sensitivities()),
+            journal.chosen(),
+        )
+
+    def left(self, candidates: int) -> int:
+        """The layers left to compress of the ``candidates`` the plan selects: of those the allocation
+        chose, once it is recorded (a keep-0.95 plan may leave most layers dense)."""
+        return max(0, (candidates if self.chosen is None else self.chosen) - self.layers)
 
 
 def predict_sweep(
@@ -474,7 +491,7 @@ def predict_sweep(
     ]
     measures = {group[0]: tuple(configs[n].keep for n in group) for group in groups}
     for number, (config, finished) in enumerate(zip(configs, done, strict=True)):
-        compressed = shapes.layers - finished.layers
+        compressed = finished.left(shapes.layers)
         shared = any(number in group[1:] for group in groups)
         measured = compressed if shared else finished.measured
         point = predict(shapes, config, compressed, rates, False, measures.get(number, ()), measured)

@@ -84,8 +84,12 @@ class Journal:
 
     @property
     def done(self) -> list[str]:
-        """The steps recorded as done (in the order they ran)."""
+        """The steps recorded as done (in the order they ran). The factorisation is done once every layer
+        the allocation chose is stored, or once distillation, which follows it, is recorded."""
         steps = [step for step in ("calibration", "allocation") if step in self.state]
+        chosen = self.chosen()
+        if "healing" in self.state or (chosen is not None and len(self.state.get("layers", {})) >= chosen):
+            steps.append("factorisation")
         return steps + (["healing"] if "healing" in self.state else [])
 
     def summary(self) -> str:
@@ -164,6 +168,11 @@ class Journal:
         if saved is None:
             return None
         return {int(index): ranks for index, ranks in saved["planned"].items()}, saved["report"]
+
+    def chosen(self) -> int | None:
+        """How many layers the recorded allocation chose to compress (None before it is recorded)."""
+        allocated = self.allocation()
+        return None if allocated is None else len(allocated[0])
 
     def allocated(self, planned: dict[int, dict[str, int]], report: dict) -> None:
         """Record the allocation (the measurements it was made from are not needed again)."""

@@ -199,8 +199,7 @@ def stopped(
             done.append(footprint.Done())
             continue
         journal = Journal(_work(out, point), _point_plan(identity, _config(point, base)))
-        measured = len(journal.sensitivities())
-        done.append(footprint.Done(shared + tuple(journal.done), len(journal.layers()), measured))
+        done.append(footprint.Done.of(journal, shared))
     return done
 
 
