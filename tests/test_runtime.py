@@ -67,3 +67,18 @@ def test_peak_memory_is_the_processes_high_water_mark(monkeypatch):
     assert abs(peaks["host"] - high_water) < 16 * 2**20  # what /usr/bin/time -v would say
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 123)
     assert peak_memory(torch.device("cuda"))["cuda"] == 123
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("shape", [(37, 53), (5, 7, 11), (101,)])
+def test_all_finite_finds_a_bad_entry_in_any_strip(monkeypatch, bad, shape):
+    monkeypatch.setattr(runtime, "FINITE_CHECK_BYTES", 3 * 8 * 53)  # strips of a few rows
+    generator = torch.Generator().manual_seed(0)
+    tensor = torch.randn(shape, dtype=torch.float64, generator=generator)
+    assert runtime.all_finite(tensor)
+    for flat in (0, tensor.numel() // 2, tensor.numel() - 1):  # the first strip, a middle one, the last
+        spoiled = tensor.clone()
+        spoiled.view(-1)[flat] = bad
+        assert not runtime.all_finite(spoiled)
+    assert runtime.all_finite(torch.tensor(1.0)) and not runtime.all_finite(torch.tensor(bad))
+    assert runtime.all_finite(torch.empty(0, 4))

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from svdmlp import runtime
 from svdmlp.config import FACTOR_BITS
 
 SCALE_BYTES = 2  # fp16
@@ -76,7 +77,7 @@ def quantize(weight: torch.Tensor, how: Scheme) -> tuple[torch.Tensor, torch.Ten
     ``weight ≈ q · scale`` (error at most half a scale per weight)."""
     if weight.dim() != 2:
         raise ValueError(f"quantize needs a 2-D weight, got shape {tuple(weight.shape)}")
-    if not torch.isfinite(weight).all():
+    if not runtime.all_finite(weight):
         raise ValueError("the weight holds NaN or infinite values; it cannot be quantized")
     groups = _grouped(weight.float(), how)
     scales = _absmax_scales(groups, how.qmax)[..., None]
@@ -100,7 +101,7 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, how: Scheme, damping: floa
             f"gptq needs an (N, K) weight and a (K, K) Hessian, got {tuple(weight.shape)}, "
             f"{tuple(hessian.shape)}"
         )
-    if not (torch.isfinite(weight).all() and torch.isfinite(hessian).all()):
+    if not (runtime.all_finite(weight) and runtime.all_finite(hessian)):
         raise ValueError("the weight or its Hessian holds NaN or infinite values; it cannot be quantized")
     rows, cols = weight.shape
     w = weight.double().clone()

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from svdmlp import runtime
+
 # The ridge ``δ = RIDGE · λ_max`` added to a Gram's diagonal before its Cholesky factorisation.
 # Real models have near-singular input Grams (dead channels, outlier dimensions, fewer calibration
 # tokens than an intermediate width): Cholesky of XᵀX itself fails on them (SVD-LLM issues 6, 7, 24).
@@ -104,7 +106,7 @@ class Whitening:
         """
         if damping < 0:
             raise ValueError(f"damping must be >= 0, got {damping}")
-        if not torch.isfinite(gram).all():
+        if not runtime.all_finite(gram):
             raise ValueError(
                 "calibration Gram matrix has NaN or inf entries: the model's activations overflowed"
             )

@@ -87,7 +87,7 @@ def _check_loaded_weights(model: nn.Module, spec: arch.ArchSpec, index: int, con
         linear = arch.dense_projection(model, spec, index, name)
         if not isinstance(linear, nn.Linear):
             return f"{spec.projection(name)} is a {type(linear).__name__}, not a dense nn.Linear"
-        if not torch.isfinite(linear.weight).all():
+        if not runtime.all_finite(linear.weight):
             raise ValueError(f"{arch.mlp_name(spec, index)}.{spec.projection(name)} has NaN or inf weights")
         if linear.bias is not None:
             reason = f"{spec.projection(name)} has a bias (not supported by the low-rank modules)"
