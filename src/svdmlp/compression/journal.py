@@ -4,11 +4,10 @@ A model on disk is compressed into a work directory: the output-gradient Grams a
 each compressed layer is written there as it is made (:meth:`svdmlp.lazy.DiskWeights.store`). The
 journal (``progress.json`` beside them, rewritten atomically) records what is done and what it found:
 the calibration's tokens, each layer's measured sensitivity and then the allocated ranks, each stored
-layer's record, the healing, and the seconds spent in each step so far (:mod:`~svdmlp.compression.clock`).
-Started again
-with the same plan on the same directory, compression skips what the journal records: it installs the
-stored layers from their files instead of compressing them again, and calibration, allocation and
-healing, once recorded, are not run again. Hours of a big model's run survive a crash, an OOM kill or
+layer's record, the healing, and the seconds each step took so far (:mod:`~svdmlp.compression.clock`).
+Started again with the same plan on the same directory, compression skips what the journal records: it
+installs the stored layers from their files instead of compressing them again, and calibration,
+allocation and healing, once recorded, are not run again. Hours of a big model's run survive a crash, an OOM kill or
 the end of a session.
 
 What is redone: a step or layer the journal does not record (a stopped layer is compressed from its
