@@ -82,7 +82,8 @@ def all_finite(tensor: torch.Tensor) -> bool:
     """Whether every entry of ``tensor`` is finite, checked a strip of rows at a time.
 
     ``torch.isfinite(t).all()`` makes an ``abs`` copy of ``t`` and boolean masks of its size: 0.86 GB
-    beside an 8960² float64 Gram (BENCHMARKS.md, session 24), at the root that is the factorisation's peak."""
+    beside an 8960² float64 Gram (BENCHMARKS.md, session 24), at the root that is the factorisation's
+    peak."""
     if tensor.dim() == 0 or tensor.numel() == 0:
         return bool(torch.isfinite(tensor).all())
     row_bytes = max(1, tensor[0].numel() * tensor.element_size())

@@ -1,10 +1,10 @@
 """The wall seconds a compression spends in each of its steps, summed over the runs that made it.
 
-A big model's compression is stopped and continued (:mod:`svdmlp.compression.journal`): Qwen2.5-Coder-1.5B's
-at keep 0.8 took about 6 h of compute over three sessions. Its report counts every run's time, not the
-last run's (one that only restores finished layers and heals takes minutes). The journal keeps the totals with each record
-it writes, so a continued run starts from them; a run killed outright (SIGKILL, out of memory) loses its
-time since its last record.
+A big model's compression is stopped and continued (:mod:`svdmlp.compression.journal`):
+Qwen2.5-Coder-1.5B's at keep 0.8 took about 6 h of compute over three sessions. Its report counts every
+run's time, not the last run's (one that only restores finished layers and heals takes minutes). The
+journal keeps the totals with each record it writes, so a continued run starts from them; a run killed
+outright (SIGKILL, out of memory) loses its time since its last record.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ the calibration's tokens, each layer's measured sensitivity and then the allocat
 layer's record, the healing, and the seconds each step took so far (:mod:`~svdmlp.compression.clock`).
 Started again with the same plan on the same directory, compression skips what the journal records: it
 installs the stored layers from their files instead of compressing them again, and calibration,
-allocation and healing, once recorded, are not run again. Hours of a big model's run survive a crash, an OOM kill or
-the end of a session.
+allocation and healing, once recorded, are not run again. Hours of a big model's run survive a crash, an
+OOM kill or the end of a session.
 
 What is redone: a step or layer the journal does not record (a stopped layer is compressed from its
 start; a stopped calibration continues from the layer inputs and gradient its passes left in the
