@@ -291,7 +291,9 @@ def test_unknown_format(ckpt, key, value):
     metadata = json.loads(path.read_text())
     metadata[key] = value
     path.write_text(json.dumps(metadata))
-    with pytest.raises(ValueError, match=f"{value!r}.*; this svdmlp reads 'svdmlp' version 1 or 2 or 3$"):
+    with pytest.raises(
+        ValueError, match=f"{value!r}.*; this svdmlp reads 'svdmlp' version 1 or 2 or 3 or 4$"
+    ):
         checkpoint.load(ckpt)
 
 

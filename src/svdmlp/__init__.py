@@ -9,11 +9,16 @@ Public API::
     model, tokenizer = svdmlp.load("out/", backend="auto")
 
 ``keep`` is the fraction of MLP parameters kept; the NeuronMLP paper's compression ratio is 1 − keep.
+
+After ``import svdmlp``, ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads a checkpoint
+too (:mod:`svdmlp.serving.transformers_quantizer`); vLLM finds svdmlp's plugin by itself.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
+
+from svdmlp.serving.post_import import when_imported
 
 __version__ = "0.1.0"
 
@@ -35,3 +40,13 @@ def __getattr__(name: str):
     if name in _API:
         return getattr(import_module(_API[name]), name)
     raise AttributeError(f"module 'svdmlp' has no attribute {name!r}")
+
+
+def _register_with_transformers() -> None:
+    from svdmlp.serving.transformers_quantizer import register
+
+    register()
+
+
+# When transformers imports its registry of quantization methods (the first from_pretrained), not now.
+when_imported("transformers.quantizers.auto", _register_with_transformers)

@@ -39,15 +39,17 @@ from svdmlp.compression.report import CompressionReport
 from svdmlp.config import FACTOR_BITS, CompressConfig
 from svdmlp.int_weights import Scheme, factor_scheme
 from svdmlp.paths import file_sha256, under_umask
+from svdmlp.serving import quant_config
 from svdmlp.versions import installed_versions
 
 METADATA_FILE = "svdmlp.json"
 FORMAT = "svdmlp"
-FORMAT_VERSION = 3
+FORMAT_VERSION = quant_config.VERSION
 # Version 1 recorded the size and SHA-256 of its one weights file alone ("weights": {"file", ...});
 # version 2 records them for every file of the directory but svdmlp.json ("files"); version 3 stores
-# the weights in one file per unit (embeddings, each decoder layer, LM head, rest): "weights": {"files"}.
-READABLE_VERSIONS = (1, 2, 3)
+# the weights in one file per unit (embeddings, each decoder layer, LM head, rest): "weights": {"files"};
+# version 4 adds the quantization_config to config.json that transformers and vLLM load it by.
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 def is_checkpoint(directory: str | os.PathLike) -> bool:
@@ -79,7 +81,7 @@ def save(
     staging.chmod(under_umask(0o777))  # mkdtemp's 0700 would keep the checkpoint from its other users
     try:
         shards, aliases = _write_weights(model, staging, dtype)
-        model.config.save_pretrained(staging)
+        _write_config(model, staging, quant_config.of_checkpoint(report.to_dict(), config.to_dict()))
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -103,6 +105,18 @@ def save(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _write_config(model: nn.Module, staging: Path, spec: quant_config.QuantSpec) -> None:
+    """The model's ``config.json`` with the ``quantization_config`` that lets transformers (after
+    ``import svdmlp``) and vLLM (with svdmlp installed) load the checkpoint, and the guard that makes
+    transformers without svdmlp refuse it (:data:`svdmlp.serving.quant_config.WEIGHTS_GUARD`)."""
+    model.config.save_pretrained(staging)
+    path = staging / "config.json"
+    record = json.loads(path.read_text())
+    record["quantization_config"] = spec.to_dict()
+    record["transformers_weights"] = quant_config.WEIGHTS_GUARD
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def _model_dtype(model: nn.Module) -> torch.dtype:
@@ -366,19 +380,17 @@ def load(
         raise ValueError(
             f"checkpoint {directory} has an unreadable config.json: {models.first_line(err)}"
         ) from None
-    spec = arch.for_config(config)
-    stored = getattr(torch, metadata["dtype"])
+    arch.for_config(config)  # an unsupported architecture is refused before anything is built
+    if hasattr(config, "transformers_weights"):  # the guard for transformers alone (quant_config)
+        delattr(config, "transformers_weights")
+    compute = dtype or getattr(torch, metadata["dtype"])
+    # Built in the compute dtype, as transformers builds a model it loads: buffers it keeps in float32
+    # (the rotary frequencies) stay so, where casting the whole model afterwards rounded them.
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=stored)
+        model = AutoModelForCausalLM.from_config(config, dtype=compute)
     report = CompressionReport.from_dict(metadata["report"])
-    how = _factor_scheme(directory, metadata)
-    for layer in report.layers:
-        if layer.status == "compressed":
-            lowrank.install(model, spec, layer.index, layer.ranks, stored, "meta")
-    if how is not None:
-        for module in lowrank.lowrank_modules(model):
-            module.quantize_factors(how, fill=False)
-    compute = dtype or stored
+    layers = {layer.index: layer.ranks for layer in report.layers if layer.status == "compressed"}
+    lowrank.install_skeleton(model, layers, compute, _factor_scheme(directory, metadata))
     state = {}
     for name in _weight_files(metadata):
         weights = Path(directory).expanduser() / name
@@ -409,7 +421,7 @@ def load(
             "its svdmlp.json and weights disagree (save the checkpoint again)"
         )
     _retie(model, metadata.get("tied", {}))
-    model = model.to(device=device, dtype=compute).eval()
+    model = model.to(device=device).eval()
     lowrank.set_backend(model, backend)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     return model, tokenizer

@@ -201,3 +201,20 @@ def install(
         if factors is not None:
             lowrank.load_factors(factors[name])
         setattr(mlp, spec.projection(name), lowrank)
+
+
+def install_skeleton(
+    model: nn.Module,
+    layers: dict[int, dict[str, int]],
+    dtype: torch.dtype,
+    how: Scheme | None = None,
+) -> None:
+    """Swap in empty low-rank modules on the meta device for every layer of ``layers`` (its ranks by
+    projection; the layers it leaves out stay dense), their factors quantized by ``how`` if given: the
+    skeleton a checkpoint's weights fill, whichever loader reads them (svdmlp's or transformers')."""
+    spec = arch.of_model(model)
+    for index, ranks in sorted(layers.items()):
+        install(model, spec, index, ranks, dtype, "meta")
+    if how is not None:
+        for module in lowrank_modules(model):
+            module.quantize_factors(how, fill=False)

@@ -41,9 +41,13 @@ def lowrank_gated_mlp(
     Shapes: x (..., hidden); gate_up_u_t (hidden, r_gate + r_up); gate_v_t (r_gate, inter);
     up_v_t (r_up, inter); down_u_t (inter, r_down); down_v_t (r_down, hidden) -> (..., hidden).
     """
-    r_gate = _rows(gate_v_t)
-    strip = _times(x, gate_up_u_t)  # (..., r_gate + r_up): one read of x for both projections
-    gate = _times(strip[..., :r_gate], gate_v_t)  # (..., inter)
-    up = _times(strip[..., r_gate:], up_v_t)  # (..., inter)
+    gate, up = gate_and_up(x, gate_up_u_t, gate_v_t, up_v_t)
     hidden = activate(gate, activation) * up  # (..., inter)
     return lowrank_linear(hidden, down_u_t, down_v_t)
+
+
+def gate_and_up(x: torch.Tensor, gate_up_u_t, gate_v_t, up_v_t) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gate and up projections of ``x``, each ``(..., inter)``, from one read of ``x``."""
+    r_gate = _rows(gate_v_t)
+    strip = _times(x, gate_up_u_t)  # (..., r_gate + r_up)
+    return _times(strip[..., :r_gate], gate_v_t), _times(strip[..., r_gate:], up_v_t)
