@@ -43,9 +43,7 @@ def __getattr__(name: str):
 
 
 def _register_with_transformers() -> None:
-    from svdmlp.serving.transformers_quantizer import register
-
-    register()
+    import_module("svdmlp.serving.transformers_quantizer")  # registers itself as it is imported
 
 
 # When transformers imports its registry of quantization methods (the first from_pretrained), not now.

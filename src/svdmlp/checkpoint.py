@@ -114,9 +114,11 @@ def _write_config(model: nn.Module, staging: Path, spec: quant_config.QuantSpec)
     model.config.save_pretrained(staging)
     path = staging / "config.json"
     record = json.loads(path.read_text())
+    if not record.get("architectures"):  # as a model's own save_pretrained names it: vLLM picks its class so
+        record["architectures"] = [type(model).__name__]
     record["quantization_config"] = spec.to_dict()
     record["transformers_weights"] = quant_config.WEIGHTS_GUARD
-    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def _model_dtype(model: nn.Module) -> torch.dtype:

@@ -92,3 +92,8 @@ def register() -> None:
         register_quantization_config(name)(SvdmlpConfig)
     if name not in AUTO_QUANTIZER_MAPPING:
         register_quantizer(name)(SvdmlpQuantizer)
+
+
+# On import: ``import svdmlp`` imports this module once transformers' registry exists (a post-import
+# hook), and this module may itself be what first imports that registry, so it registers here, last.
+register()

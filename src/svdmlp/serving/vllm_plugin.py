@@ -61,6 +61,12 @@ class SvdmlpConfig(QuantizationConfig):
 
     def __init__(self, spec: quant_config.QuantSpec):
         super().__init__()
+        partial = [index for index in spec.layers if not spec.fully_compressed(index)]
+        if partial:  # refused here, in the process that reads the config, before any worker starts
+            raise ValueError(
+                f"svdmlp checkpoint has only some projections of layer {partial[0]} low-rank (--targets); "
+                "vLLM serves checkpoints whose compressed MLPs are low-rank whole"
+            )
         self.spec = spec
         self.scheme = factor_scheme(spec.factor_bits)
 
@@ -92,13 +98,8 @@ class SvdmlpConfig(QuantizationConfig):
         match = _MLP_LINEAR.search(prefix)
         if match is None or int(match.group(1)) not in self.spec.layers:
             return UnquantizedLinearMethod()
-        index, name = int(match.group(1)), match.group(2)
-        if not self.spec.fully_compressed(index):
-            raise ValueError(
-                f"layer {index} of this svdmlp checkpoint has only {sorted(self.spec.layers[index])} "
-                "low-rank (--targets); vLLM serves checkpoints whose compressed MLPs are low-rank whole"
-            )
-        ranks = self.spec.layers[index]
+        ranks = self.spec.layers[int(match.group(1))]
+        name = match.group(2)
         if name == "gate_up_proj" and isinstance(layer, MergedColumnParallelLinear):
             return GateUpMethod(ranks["gate"], ranks["up"], self.scheme)
         if name == "down_proj" and isinstance(layer, RowParallelLinear):
