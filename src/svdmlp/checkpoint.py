@@ -272,6 +272,21 @@ def read_metadata(directory: str | os.PathLike) -> dict:
     return metadata
 
 
+def servable(directory: str | os.PathLike) -> quant_config.QuantSpec:
+    """The ``quantization_config`` an engine will build ``directory``'s model from, once every file has
+    been checked against its recorded hash; a ValueError for a checkpoint no engine should start on."""
+    metadata = read_metadata(directory)
+    verify_files(directory, metadata)
+    if metadata["format_version"] < FORMAT_VERSION:
+        raise ValueError(
+            f"{directory} is a format {metadata['format_version']} checkpoint, written before checkpoints "
+            f"carried the quantization_config engines load them by; save it again with this svdmlp: "
+            f"svdmlp upgrade {directory}"
+        )
+    record = json.loads((Path(directory).expanduser() / "config.json").read_text())
+    return quant_config.parse(record.get("quantization_config"))
+
+
 def _is_record(record) -> bool:
     """Whether ``record`` is a file's size and SHA-256 as :func:`save` writes them."""
     return (
@@ -427,6 +442,23 @@ def load(
     lowrank.set_backend(model, backend)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     return model, tokenizer
+
+
+def upgrade(directory: str | os.PathLike, out: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
+    """Write a checkpoint of any readable format again in this svdmlp's format (the same tensors, config
+    and report), to ``out``, or in place (atomically) when ``out`` is None."""
+    metadata = read_metadata(directory)
+    model, tokenizer = load(directory)
+    return save(
+        directory if out is None else out,
+        model,
+        tokenizer,
+        CompressConfig.from_dict(metadata["config"]),
+        CompressionReport.from_dict(metadata["report"]),
+        metadata["base_model"],
+        overwrite=out is None or overwrite,
+        dtype=getattr(torch, metadata["dtype"]),
+    )
 
 
 def _factor_scheme(directory, metadata: dict) -> Scheme | None:

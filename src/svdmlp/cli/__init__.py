@@ -18,9 +18,21 @@ import sys
 import threading
 
 from svdmlp import __version__
-from svdmlp.cli import bench, compress, evaluate, generate, info, options, plan, quantize, sweep
+from svdmlp.cli import (
+    bench,
+    compress,
+    evaluate,
+    generate,
+    info,
+    options,
+    plan,
+    quantize,
+    serve,
+    sweep,
+    upgrade,
+)
 
-COMMANDS = (compress, quantize, evaluate, generate, info, plan, bench, sweep)
+COMMANDS = (compress, quantize, evaluate, generate, serve, upgrade, info, plan, bench, sweep)
 
 
 def build_parser() -> argparse.ArgumentParser:
