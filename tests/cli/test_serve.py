@@ -101,7 +101,7 @@ def test_a_served_checkpoint_answers_the_openai_client(chat_checkpoint):
     port = _free_port()
     vllm_args = ["--enforce-eager", "--max-model-len", "256", "--kv-cache-memory-bytes", str(128 * 2**20)]
     server = subprocess.Popen(
-        [sys.executable, "-m", "svdmlp", "serve", str(chat_checkpoint), "--port", str(port), "--", *vllm_args],
+        [sys.executable, "-m", "svdmlp", "serve", str(chat_checkpoint), "--port", str(port), "--vllm", *vllm_args],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

