@@ -24,6 +24,16 @@ from pathlib import Path
 PROMPT = "The history of the city begins in the year"
 
 
+def _seconds(llm, prompts, new: int) -> float:
+    """Seconds to generate ``new`` tokens (greedy, never stopping early) for every prompt."""
+    import vllm
+
+    params = vllm.SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+    start = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="model directories; ratios are to the first")
@@ -52,16 +62,9 @@ def main() -> None:
         prompt_ids = llm.get_tokenizer()(PROMPT)["input_ids"]
         for batch in args.batches:
             prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=prompt_ids)] * batch
-
-            def seconds(new: int) -> float:
-                params = vllm.SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-                start = time.perf_counter()
-                llm.generate(prompts, params, use_tqdm=False)
-                return time.perf_counter() - start
-
-            seconds(1 + args.new)  # warm-up
-            short = statistics.median(seconds(1) for _ in range(args.repeats))
-            long = statistics.median(seconds(1 + args.new) for _ in range(args.repeats))
+            _seconds(llm, prompts, 1 + args.new)  # warm-up
+            short = statistics.median(_seconds(llm, prompts, 1) for _ in range(args.repeats))
+            long = statistics.median(_seconds(llm, prompts, 1 + args.new) for _ in range(args.repeats))
             record = {
                 "model": directory,
                 "batch": batch,
@@ -82,7 +85,9 @@ def main() -> None:
     print("\n| model | batch | ms/step | decode tokens/s | × first |\n|---|---|---|---|---|")
     for r in records:
         ratio = r["decode_tokens_per_s"] / base[r["batch"]]
-        print(f"| {r['model']} | {r['batch']} | {r['ms_per_step']} | {r['decode_tokens_per_s']} | {ratio:.3f} |")
+        print(
+            f"| {r['model']} | {r['batch']} | {r['ms_per_step']} | {r['decode_tokens_per_s']} | {ratio:.3f} |"
+        )
     if args.json:
         args.json.write_text(json.dumps(records, indent=2) + "\n")
 

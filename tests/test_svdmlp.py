@@ -138,7 +138,9 @@ def test_the_public_api_resolves_with_every_module_imported():
     """``svdmlp.compress`` stays the function even once every submodule has been imported (a
     subpackage of that name would shadow it)."""
     # The vLLM plugin imports vLLM, which lives in its own environment (make serve-env).
-    skipped = {"svdmlp.__main__"} | (set() if importlib.util.find_spec("vllm") else {"svdmlp.serving.vllm_plugin"})
+    skipped = {"svdmlp.__main__"} | (
+        set() if importlib.util.find_spec("vllm") else {"svdmlp.serving.vllm_plugin"}
+    )
     for module in sorted(MODULES):
         if module not in skipped:
             importlib.import_module(module)

@@ -444,7 +444,9 @@ def load(
     return model, tokenizer
 
 
-def upgrade(directory: str | os.PathLike, out: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
+def upgrade(
+    directory: str | os.PathLike, out: str | os.PathLike | None = None, overwrite: bool = False
+) -> Path:
     """Write a checkpoint of any readable format again in this svdmlp's format (the same tensors, config
     and report), to ``out``, or in place (atomically) when ``out`` is None."""
     metadata = read_metadata(directory)

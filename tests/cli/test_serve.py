@@ -101,7 +101,17 @@ def test_a_served_checkpoint_answers_the_openai_client(chat_checkpoint):
     port = _free_port()
     vllm_args = ["--enforce-eager", "--max-model-len", "256", "--kv-cache-memory-bytes", str(128 * 2**20)]
     server = subprocess.Popen(
-        [sys.executable, "-m", "svdmlp", "serve", str(chat_checkpoint), "--port", str(port), "--vllm", *vllm_args],
+        [
+            sys.executable,
+            "-m",
+            "svdmlp",
+            "serve",
+            str(chat_checkpoint),
+            "--port",
+            str(port),
+            "--vllm",
+            *vllm_args,
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -118,7 +128,10 @@ def test_a_served_checkpoint_answers_the_openai_client(chat_checkpoint):
                 assert time.monotonic() < deadline, "the server did not start in 300 s"
                 time.sleep(2)
         chat = client.chat.completions.create(
-            model=model.id, messages=[{"role": "user", "content": "the quick fox"}], max_tokens=8, temperature=0
+            model=model.id,
+            messages=[{"role": "user", "content": "the quick fox"}],
+            max_tokens=8,
+            temperature=0,
         )
         assert chat.choices[0].message.content and chat.usage.completion_tokens == 8
         pieces = client.completions.create(

@@ -29,7 +29,9 @@ from svdmlp.engine.engine import Engine  # noqa: E402
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 NEW_TOKENS = 32
 # vLLM's CPU attention wants heads of 32 or more: the tiny models here use 64.
-VLLM_TINY = dict(hidden_size=128, intermediate_size=512, num_attention_heads=2, num_key_value_heads=1, head_dim=64)
+VLLM_TINY = dict(
+    hidden_size=128, intermediate_size=512, num_attention_heads=2, num_key_value_heads=1, head_dim=64
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -69,7 +71,9 @@ def served(directory, dtype: str = "float32", tensor_parallel_size: int = 1):
 
 def vllm_greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
     params = vllm.SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    outputs = llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    outputs = llm.generate(
+        [vllm.inputs.TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+    )
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
@@ -104,7 +108,9 @@ def checkpoint_factor_bytes(directory) -> int:
 
 
 def _compress(model, tokenizer, out, text, dtype=None, **overrides):
-    config = CompressConfig(calibration=CalibrationSpec(str(text), 8, 64), **{"keep": 0.5, "align": 8, **overrides})
+    config = CompressConfig(
+        calibration=CalibrationSpec(str(text), 8, 64), **{"keep": 0.5, "align": 8, **overrides}
+    )
     report = pipeline.compress(model, tokenizer, config, progress=False)
     return checkpoint.save(out, model, tokenizer, config, report, base_model="test", dtype=dtype)
 
@@ -118,7 +124,9 @@ def smollm2(tmp_path_factory):
     model, tokenizer, _ = models.load_dense(dense, dtype=torch.float32)
     text = root / "calib.txt"
     text.write_text(SAMPLE_TEXT, encoding="utf-8")
-    ckpt = _compress(model, tokenizer, root / "ckpt", text, torch.bfloat16, keep=0.8, align=32, method="whiten")
+    ckpt = _compress(
+        model, tokenizer, root / "ckpt", text, torch.bfloat16, keep=0.8, align=32, method="whiten"
+    )
     prompts = [tokenizer(p)["input_ids"] for p in PROMPTS]
     return ckpt, dense, prompts
 
@@ -151,7 +159,12 @@ def test_tensor_parallel_two_gives_the_same_tokens_and_halves_what_is_split(toke
     spec = checkpoint.servable(ckpt)
     hidden, inter = VLLM_TINY["hidden_size"], VLLM_TINY["intermediate_size"]
     expected = sum(
-        4 * ((r["gate"] + r["up"]) * hidden + r["down"] * hidden + (r["gate"] + r["up"] + r["down"]) * inter // 2)
+        4
+        * (
+            (r["gate"] + r["up"]) * hidden
+            + r["down"] * hidden
+            + (r["gate"] + r["up"] + r["down"]) * inter // 2
+        )
         for r in spec.layers.values()
     )
     assert per_rank == [expected, expected]
@@ -161,7 +174,9 @@ def prompt_logprobs(llm, prompt: list[int]) -> torch.Tensor:
     """vLLM's log-probability of each prompt token after the first, given the ones before it."""
     params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0)
     (output,) = llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
-    return torch.tensor([step[t].logprob for step, t in zip(output.prompt_logprobs[1:], prompt[1:], strict=True)])
+    return torch.tensor(
+        [step[t].logprob for step, t in zip(output.prompt_logprobs[1:], prompt[1:], strict=True)]
+    )
 
 
 def svdmlp_prompt_logprobs(directory, prompt: list[int]) -> torch.Tensor:
@@ -171,7 +186,9 @@ def svdmlp_prompt_logprobs(directory, prompt: list[int]) -> torch.Tensor:
     return logits.log_softmax(-1).gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
 
 
-@pytest.mark.parametrize("model_type", ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize(
+    "model_type", ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"]
+)
 def test_every_architecture(model_type, tokenizer, tmp_path):
     # vLLM's Gemmas always tie the LM head to the embeddings, as the released models do.
     tied = model_type.startswith("gemma")
@@ -186,7 +203,9 @@ def test_every_architecture(model_type, tokenizer, tmp_path):
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_quantized_factors_stay_quantized(bits, tokenizer, tmp_path):
-    ckpt = _compress(untied_model("llama", **VLLM_TINY), tokenizer, tmp_path / "ckpt", _text(tmp_path), factor_bits=bits)
+    ckpt = _compress(
+        untied_model("llama", **VLLM_TINY), tokenizer, tmp_path / "ckpt", _text(tmp_path), factor_bits=bits
+    )
     prompts = [tokenizer(p)["input_ids"] for p in ("the quick fox", "the old king walks")]
     expected = svdmlp_greedy(ckpt, prompts)
     with served(ckpt) as llm:
@@ -203,7 +222,9 @@ def _text(root):
 
 
 def test_a_checkpoint_with_partial_targets_is_refused_with_one_reason(tokenizer, tmp_path):
-    ckpt = _compress(untied_model("llama", **VLLM_TINY), tokenizer, tmp_path / "ckpt", _text(tmp_path), targets=("gate",))
+    ckpt = _compress(
+        untied_model("llama", **VLLM_TINY), tokenizer, tmp_path / "ckpt", _text(tmp_path), targets=("gate",)
+    )
     with pytest.raises(Exception, match="low-rank whole"):
         with served(ckpt):
             pass

@@ -138,20 +138,20 @@ class _FactorMethod(LinearMethodBase):
     @staticmethod
     def _parameter(layer, name: str, data: torch.Tensor, split: str | None) -> None:
         parameter = torch.nn.Parameter(data, requires_grad=False)
-        rank = layer.tp_rank
+        rank, ranks = layer.tp_rank, layer.tp_size
+        dim = {"rows": 0, "cols": 1, None: None}[split]
+        whole = tuple(n * ranks if d == dim else n for d, n in enumerate(data.shape))
 
         def load(param: torch.Tensor, stored: torch.Tensor, shard_id=None) -> None:
-            # vLLM's merged layer passes the shard of a stacked dense weight (gate_proj, up_proj); a
-            # factor is one tensor of the checkpoint, never a shard.
-            if split == "rows":
-                stored = stored.narrow(0, rank * param.shape[0], param.shape[0])
-            elif split == "cols":
-                stored = stored.narrow(1, rank * param.shape[1], param.shape[1])
-            if stored.shape != param.shape:
+            # (vLLM's merged layer passes a shard id for the halves of a stacked dense weight; a factor
+            # is one tensor of the checkpoint, never such a shard.)
+            if tuple(stored.shape) != whole:
                 raise ValueError(
-                    f"svdmlp: {layer.prefix}.{name} is stored with shape {tuple(stored.shape)}, this rank "
-                    f"expects {tuple(param.shape)}: the checkpoint's ranks and weights disagree"
+                    f"svdmlp: {layer.prefix}.{name} is stored with shape {tuple(stored.shape)}, where the "
+                    f"checkpoint's ranks say {whole}: its quantization_config and weights disagree"
                 )
+            if dim is not None:
+                stored = stored.narrow(dim, rank * param.shape[dim], param.shape[dim])
             param.data.copy_(stored)
 
         set_weight_attrs(parameter, {"weight_loader": load})
@@ -229,11 +229,13 @@ class DownMethod(_FactorMethod):
             self._factor(layer, "u_t", layer.input_size_per_partition),
             self._factor(layer, "v_t", self.r_down),
         )
+        # The fused kernel (x @ U kept on chip) where Triton runs, PyTorch's two products elsewhere;
+        # chosen once here, so that the forward vLLM compiles is the product alone.
+        device = layer.v_t.device if self.scheme is None else layer.v_t_values.device
+        layer.svdmlp_lowrank_linear = backends.get(backends.resolve("auto", device)).lowrank_linear
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        # The fused kernel (x @ U kept on chip) where Triton runs, PyTorch's two products elsewhere.
-        backend = backends.get(backends.resolve("auto", x.device))
-        out = backend.lowrank_linear(x, *layer.svdmlp_factors)
+        out = layer.svdmlp_lowrank_linear(x, *layer.svdmlp_factors)
         return out if bias is None else out + bias
 
 
