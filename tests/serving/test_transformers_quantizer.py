@@ -160,3 +160,25 @@ def test_a_dense_model_is_not_compressed_on_load(model_dir):
 
     with pytest.raises(ValueError, match="pre-quantized"):
         AutoModelForCausalLM.from_pretrained(model_dir, quantization_config=SvdmlpConfig())
+
+
+@pytest.mark.slow
+def test_a_compressed_smollm2(tmp_path):
+    from svdmlp import models
+
+    model, tokenizer, _ = models.load_dense("smollm2-135m", dtype=torch.float32)
+    text = tmp_path / "calib.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    config = CompressConfig(
+        keep=0.8, align=32, method="whiten", calibration=CalibrationSpec(str(text), 8, 64)
+    )
+    report = compression.compress(model, tokenizer, config, progress=False)
+    directory = checkpoint.save(
+        tmp_path / "ckpt", model, tokenizer, config, report, base_model="smollm2-135m", dtype=torch.bfloat16
+    )
+    for dtype in (torch.float32, torch.bfloat16):
+        theirs = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+        torch.testing.assert_close(
+            _logits(theirs), _logits(svdmlp.load(directory, dtype=dtype)[0]), rtol=0, atol=0
+        )
+    assert _resident_bytes(theirs) == _checkpoint_bytes(directory)  # bf16: as stored
