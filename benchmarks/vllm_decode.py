@@ -22,6 +22,32 @@ import time
 from pathlib import Path
 
 PROMPT = "The history of the city begins in the year"
+CHECK_PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,")
+
+
+def _same_tokens(vllm, directory: str) -> bool:
+    """Whether vLLM (float32, eager) continues three prompts by 32 greedy tokens as svdmlp's engine does."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from svdmlp.checkpoint import load_any
+    from svdmlp.engine.engine import Engine
+
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    prompts = [tokenizer(p)["input_ids"] for p in CHECK_PROMPTS]
+    llm = vllm.LLM(
+        directory, dtype="float32", enforce_eager=True, max_model_len=256, kv_cache_memory_bytes=1 << 28
+    )
+    params = vllm.SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    outputs = llm.generate(
+        [vllm.inputs.TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+    )
+    theirs = [list(o.outputs[0].token_ids) for o in outputs]
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    engine = Engine(load_any(directory, dtype=torch.float32)[0], max_batch=1)
+    return theirs == [engine.generate([p], 32).tokens[0] for p in prompts]
 
 
 def _seconds(llm, prompts, new: int) -> float:
@@ -43,9 +69,21 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--compile", action="store_true", help="vLLM's compiled model (minutes to start)")
     parser.add_argument("--json", type=Path, help="write the records here")
+    parser.add_argument(
+        "--check-tokens",
+        action="store_true",
+        help="first, for each model: vLLM's greedy tokens against svdmlp's engine (float32, 3 prompts x 32)",
+    )
     args = parser.parse_args()
 
     import vllm
+
+    if args.check_tokens:
+        for directory in args.models:
+            print(
+                json.dumps({"model": directory, "same_greedy_tokens": _same_tokens(vllm, directory)}),
+                flush=True,
+            )
 
     records = []
     for directory in args.models:
