@@ -9,7 +9,9 @@ A checkpoint directory holds:
 - ``svdmlp.json``: format version, the compression config, the per-layer report (ranks, achieved
   keep, errors), the calibration-token hash, library versions, and the size and SHA-256 of every
   other file of the directory;
-- ``config.json`` / ``generation_config.json`` and the tokenizer files, as Hugging Face writes them.
+- ``config.json`` / ``generation_config.json`` and the tokenizer files, as Hugging Face writes them; the
+  config also carries the ``quantization_config`` by which transformers and vLLM load the checkpoint
+  (:mod:`svdmlp.serving.quant_config`).
 
 Saves are atomic (a staging directory renamed into place) and never replace a directory that is
 not an svdmlp checkpoint. Loads build the model skeleton with parameters on the meta device, swap in

@@ -26,3 +26,15 @@ def test_info_of_something_that_is_not_a_checkpoint(compressed, tmp_path, capsys
     model_dir, _, _ = compressed
     assert_cli_error(capsys, "info", ["info", model_dir], "is not an svdmlp checkpoint (no svdmlp.json)")
     assert_cli_error(capsys, "info", ["info", tmp_path / "nothing"], "does not exist")
+
+
+def test_json_through_a_link_and_never_over_a_directory(compressed, tmp_path, capsys):
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    code, _, _ = run_cli(capsys, "info", compressed[2], "--json", link)
+    assert code == 0 and link.is_symlink() and json.loads(real.read_text())["format"] == "svdmlp"
+    assert_cli_error(
+        capsys, "info", ["info", compressed[2], "--json", tmp_path], "is a directory; name a file"
+    )

@@ -31,6 +31,7 @@ from svdmlp.cli import (
     sweep,
     upgrade,
 )
+from svdmlp.paths import check_output
 
 COMMANDS = (compress, quantize, evaluate, generate, serve, upgrade, info, plan, bench, sweep)
 
@@ -72,6 +73,8 @@ def _run(args: argparse.Namespace) -> int:
     # With --json -, standard output carries the JSON alone: the report goes to standard error.
     report_stream = sys.stderr if json_target == "-" else sys.stdout
     try:
+        if json_target not in (None, "-"):
+            check_output(json_target)  # before the command's work, not after it
         with contextlib.redirect_stdout(report_stream):
             outcome = args.run(args)
             if json_target not in (None, "-"):

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ from pathlib import Path
 from svdmlp.arch import BOS_MODES
 from svdmlp.backends import BACKENDS
 from svdmlp.config import CALIB_TOKENS_PER_WIDTH, EFFORTS, CalibrationSpec, Effort, LoraSpec
-from svdmlp.paths import under_umask
+from svdmlp.paths import write_output
 
 DTYPES = ("float32", "bfloat16", "float16")
 # The built-in models (svdmlp.models.PACKAGED, which this module does not import: it loads torch).
@@ -370,20 +368,11 @@ def add_json(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def write_json(record: dict, target: str) -> None:
-    """Write ``record`` to ``target`` ('-' for standard output); a file is replaced atomically."""
+    """Write ``record`` to ``target`` ('-' for standard output; a file as :func:`svdmlp.paths.write_output`
+    writes one: through links, never over a directory or a device)."""
     text = json.dumps(record, indent=2, sort_keys=True) + "\n"
     if target == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    path = Path(target).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, staging = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        os.chmod(staging, under_umask(0o666))  # mkstemp's 0600 would hide the result from its other users
-        os.replace(staging, path)
-    finally:
-        if os.path.exists(staging):
-            os.unlink(staging)
+    write_output(target, text)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from svdmlp.config import FACTOR_BITS
 from svdmlp.evaluate import harness, suite
+from svdmlp.paths import write_output
 from svdmlp.plots import new_figure, save_figure
 from svdmlp.sweep import speed
 from svdmlp.sweep.runner import mlp_bytes
@@ -244,9 +245,7 @@ def write_report(out: Path, records: list[dict], command: str, bench: speed.Benc
     failed = suite.failures([{**r, "kind": r["point"]} for r in records])
     if failed:
         lines += ["## Failed tasks", "", *(f"- {line}" for line in failed), ""]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+    return write_output(out / "report.md", "\n".join(lines))
 
 
 def _protocol(sweep: dict, records: list[dict]) -> str:
