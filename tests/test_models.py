@@ -7,6 +7,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -113,11 +114,28 @@ def _rewrite_weights(directory, change) -> None:
     save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
 
 
+def _without_quantization_config(directory) -> None:
+    """``directory``'s config.json as svdmlp wrote it before format 4 (checks of its hash aside)."""
+    path = directory / "config.json"
+    record = json.loads(path.read_text())
+    del record["quantization_config"], record["transformers_weights"]
+    path.write_text(json.dumps(record))
+
+
 def test_compressed_checkpoint_without_its_metadata_is_refused(tokenizer, tmp_path):
     model = tiny_model("llama")
     config = CompressConfig(keep=0.5, align=8, method="svd")
     report = pipeline.compress(model, tokenizer, config, progress=False)
     ckpt = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
+    assert _refusal(ckpt) == (
+        f"{ckpt} is an svdmlp checkpoint, not a dense model: compress its base model, or load it with svdmlp.load"
+    )
+    copy = tmp_path / "copy"  # as save_pretrained of a compressed model writes it
+    shutil.copytree(ckpt, copy)
+    (copy / "svdmlp.json").unlink()
+    assert "holds an svdmlp-compressed model (quant_method 'svdmlp' in its config.json)" in _refusal(copy)
+
+    _without_quantization_config(ckpt)  # a checkpoint made before format 4
     message = _refusal(ckpt)
     assert message.startswith(f"the weights of {ckpt} do not match the llama architecture of its config: ")
     assert (
@@ -141,6 +159,7 @@ def test_partially_compressed_checkpoint_without_its_metadata_is_refused(tokeniz
     config = CompressConfig(keep=0.5, align=8, method="svd", targets=("down",))
     report = pipeline.compress(model, tokenizer, config, progress=False)
     ckpt = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
+    _without_quantization_config(ckpt)  # a checkpoint made before format 4
     (ckpt / "svdmlp.json").unlink()
     message = _refusal(ckpt)
     assert "2 missing (model.layers.0.mlp.down_proj.weight, model.layers.1.mlp.down_proj.weight)" in message

@@ -293,7 +293,24 @@ def load_config(name: str | None):
             f"could not provide it ({first_line(err)})"
         ) from None
     arch.for_config(config)
+    if _is_compressed(config):  # transformers would load it, low-rank, as if it were the dense model
+        if (Path(location) / "svdmlp.json").is_file():
+            raise ValueError(
+                f"{location} is an svdmlp checkpoint, not a dense model: compress its base model, "
+                "or load it with svdmlp.load"
+            )
+        raise ValueError(
+            f"{location} holds an svdmlp-compressed model (quant_method 'svdmlp' in its config.json), not a "
+            "dense one: compress its base model, or load it with transformers after import svdmlp"
+        )
     return location, config
+
+
+def _is_compressed(config) -> bool:
+    """Whether a model config says svdmlp compressed the model (its quantization_config)."""
+    record = getattr(config, "quantization_config", None)
+    method = record.get("quant_method") if isinstance(record, dict) else getattr(record, "quant_method", None)
+    return method == "svdmlp"
 
 
 def load_dense(name: str | None, dtype: torch.dtype = torch.float32, device: str = "cpu"):

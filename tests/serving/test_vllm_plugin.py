@@ -43,19 +43,19 @@ def _vllm_settings():
 
 
 @contextlib.contextmanager
-def served(directory, dtype: str = "float32", tensor_parallel_size: int = 1):
+def served(directory, dtype: str = "float32", tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1):
     """A vLLM engine on ``directory`` for as long as the block runs, then shut down."""
-    if tensor_parallel_size > 1:  # one NUMA node here: vLLM's CPU workers need their cores named
+    workers = tensor_parallel_size * pipeline_parallel_size
+    if workers > 1:  # one NUMA node here: vLLM's CPU workers need their cores named
         cores = sorted(os.sched_getaffinity(0))
-        share = max(1, len(cores) // tensor_parallel_size)
-        binding = "|".join(
-            ",".join(map(str, cores[i * share : (i + 1) * share])) for i in range(tensor_parallel_size)
-        )
+        share = max(1, len(cores) // workers)
+        binding = "|".join(",".join(map(str, cores[i * share : (i + 1) * share])) for i in range(workers))
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
     llm = vllm.LLM(
         str(directory),
         dtype=dtype,
         tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
         enforce_eager=True,  # no minutes of compiling for a test
         max_model_len=256,
         kv_cache_memory_bytes=128 * 2**20,
@@ -170,6 +170,14 @@ def test_tensor_parallel_two_gives_the_same_tokens_and_halves_what_is_split(toke
         for r in spec.layers.values()
     )
     assert per_rank == [expected, expected]
+
+
+def test_pipeline_parallel_two_gives_the_same_tokens(tokenizer, tmp_path):
+    # Each stage builds only its own layers, and with them only their low-rank methods.
+    ckpt = _compress(untied_model("llama", **VLLM_TINY), tokenizer, tmp_path / "ckpt", _text(tmp_path))
+    prompts = [tokenizer(p)["input_ids"] for p in ("the quick fox", "the old king walks")]
+    with served(ckpt, pipeline_parallel_size=2) as llm:
+        assert vllm_greedy(llm, prompts) == svdmlp_greedy(ckpt, prompts)
 
 
 def prompt_logprobs(llm, prompt: list[int]) -> torch.Tensor:
