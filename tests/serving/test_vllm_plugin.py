@@ -172,14 +172,6 @@ def test_tensor_parallel_two_gives_the_same_tokens_and_halves_what_is_split(toke
     assert per_rank == [expected, expected]
 
 
-def test_pipeline_parallel_two_gives_the_same_tokens(tokenizer, tmp_path):
-    # Each stage builds only its own layers, and with them only their low-rank methods.
-    ckpt = _compress(untied_model("llama", **VLLM_TINY), tokenizer, tmp_path / "ckpt", _text(tmp_path))
-    prompts = [tokenizer(p)["input_ids"] for p in ("the quick fox", "the old king walks")]
-    with served(ckpt, pipeline_parallel_size=2) as llm:
-        assert vllm_greedy(llm, prompts) == svdmlp_greedy(ckpt, prompts)
-
-
 def prompt_logprobs(llm, prompt: list[int]) -> torch.Tensor:
     """vLLM's log-probability of each prompt token after the first, given the ones before it."""
     params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0)
