@@ -93,7 +93,7 @@ def save(
             "format_version": FORMAT_VERSION,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "versions": installed_versions(("svdmlp", "torch", "transformers", "safetensors")),
-            "base_model": base_model,
+            "base_model": models.recorded_name(base_model),
             "model_type": model.config.model_type,
             "dtype": str(dtype or _model_dtype(model)).removeprefix("torch."),
             "config": config.to_dict(),

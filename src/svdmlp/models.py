@@ -282,6 +282,32 @@ def resolve_model_path(name: str | None) -> str:
     return name
 
 
+def recorded_name(name: str | None) -> str:
+    """How a checkpoint records its base model, so that the record names the same model wherever it is
+    read: a built-in name or a hub id as given, a local directory or file as its absolute path (a
+    relative one named another model from another directory)."""
+    if name in _DEFAULT_ALIASES:
+        return DEFAULT_MODEL
+    if name in PACKAGED:
+        return name
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
+
+
+def check_recorded_base(name: str) -> None:
+    """Refuse a base model that a checkpoint recorded as a relative path (svdmlp did before
+    2026-12-07): from another directory it names another model, and scoring that as the baseline would
+    give a wrong ratio without a word."""
+    if name in PACKAGED or name in _DEFAULT_ALIASES or Path(name).expanduser().is_absolute():
+        return
+    if Path(name).exists() or name.startswith(".") or os.sep in name and name.count("/") != 1:
+        raise ValueError(
+            f"the checkpoint records its base model as the relative path {name!r}, which names another "
+            "model from each directory: evaluate with --no-baseline and score the base model by its own "
+            "command (svdmlp eval BASE), or save the checkpoint again with an absolute base path"
+        )
+
+
 def load_config(name: str | None):
     """The model's config, checked against the supported architectures before any weight loads."""
     location = resolve_model_path(name)

@@ -267,3 +267,35 @@ def test_each_row_scores_its_own_model(compressed, capsys):
     assert compressed_row["perplexity"][str(text)] == pytest.approx(expected_compressed, rel=1e-6)
     assert dense_row["perplexity"][str(text)] == pytest.approx(expected_dense, rel=1e-6)
     assert abs(expected_compressed / expected_dense - 1) > 100 * 1e-6  # far outside the tolerance above
+
+
+def test_a_relative_base_path_is_recorded_absolute_and_an_old_relative_one_refused(
+    compressed, tmp_path, capsys, monkeypatch
+):
+    """The audit's case: compressed from A against ./dense, scored from B, where another ./dense lies."""
+    model_dir, _, ckpt = compressed
+    for folder in ("A", "B"):
+        shutil.copytree(model_dir, tmp_path / folder / "dense")
+    monkeypatch.chdir(tmp_path / "A")
+    copy = shutil.copytree(ckpt, tmp_path / "A" / "ck")
+    from svdmlp import checkpoint, models
+
+    model, tokenizer = checkpoint.load(copy)
+    metadata = checkpoint.read_metadata(copy)
+    from svdmlp.compression.report import CompressionReport
+    from svdmlp.config import CompressConfig
+
+    config, report = (
+        CompressConfig.from_dict(metadata["config"]),
+        CompressionReport.from_dict(metadata["report"]),
+    )
+    checkpoint.save(copy, model, tokenizer, config, report, "dense", overwrite=True)
+    assert checkpoint.read_metadata(copy)["base_model"] == str(tmp_path / "A" / "dense")
+    assert models.recorded_name("smollm2-135m") == "smollm2-135m"
+    assert models.recorded_name("org/not-here") == "org/not-here"
+
+    path = copy / "svdmlp.json"  # as svdmlp wrote it before: the path as given
+    path.write_text(json.dumps({**json.loads(path.read_text()), "base_model": "dense"}))
+    monkeypatch.chdir(tmp_path / "B")
+    line = assert_cli_error(capsys, "eval", ["eval", copy, "--max-windows", 1], "relative path 'dense'")
+    assert "--no-baseline" in line

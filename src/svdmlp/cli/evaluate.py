@@ -80,6 +80,9 @@ def run(args: argparse.Namespace) -> options.Outcome:
                 }
             )
     else:
+        if not args.no_baseline:  # the baseline's model checked before any scoring, not after it
+            models.check_recorded_base(metadata["base_model"])
+            models.load_config(metadata["base_model"])
         report = CompressionReport.from_dict(metadata["report"])
         config = metadata["config"]
         calibration = report.calibration
