@@ -43,30 +43,31 @@ def _vllm_settings():
 
 
 @contextlib.contextmanager
-def served(directory, dtype: str = "float32", tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1):
+def served(directory, dtype: str = "float32", tensor_parallel_size: int = 1):
     """A vLLM engine on ``directory`` for as long as the block runs, then shut down."""
-    workers = tensor_parallel_size * pipeline_parallel_size
-    if workers > 1:  # one NUMA node here: vLLM's CPU workers need their cores named
-        cores = sorted(os.sched_getaffinity(0))
-        share = max(1, len(cores) // workers)
-        binding = "|".join(",".join(map(str, cores[i * share : (i + 1) * share])) for i in range(workers))
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
-    llm = vllm.LLM(
-        str(directory),
-        dtype=dtype,
-        tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size,
-        enforce_eager=True,  # no minutes of compiling for a test
-        max_model_len=256,
-        kv_cache_memory_bytes=128 * 2**20,
-        seed=0,
-    )
-    try:
-        yield llm
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
+    with pytest.MonkeyPatch.context() as patch:
+        if tensor_parallel_size > 1:  # one NUMA node here: vLLM's CPU workers need their cores named
+            cores = sorted(os.sched_getaffinity(0))
+            share = max(1, len(cores) // tensor_parallel_size)
+            binding = "|".join(
+                ",".join(map(str, cores[i * share : (i + 1) * share])) for i in range(tensor_parallel_size)
+            )
+            patch.setenv("VLLM_CPU_OMP_THREADS_BIND", binding)
+        llm = vllm.LLM(
+            str(directory),
+            dtype=dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=True,  # no minutes of compiling for a test
+            max_model_len=256,
+            kv_cache_memory_bytes=128 * 2**20,
+            seed=0,
+        )
+        try:
+            yield llm
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
 
 
 def vllm_greedy(llm, prompts: list[list[int]]) -> list[list[int]]:
