@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import assert_cli_error
+from conftest import assert_cli_error, run_cli
 from svdmlp.cli import build_parser, main
 
 
@@ -95,3 +95,32 @@ def test_every_command_with_a_result_takes_json(capsys):
         with pytest.raises(SystemExit):
             main([*argv, "--help"])
         assert "--json FILE" in capsys.readouterr().out, argv
+
+
+def test_an_os_error_is_one_line_and_exit_2(compressed, tmp_path, capsys, monkeypatch):
+    from svdmlp import checkpoint
+
+    def unwritable(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "out"))
+
+    monkeypatch.setattr(checkpoint, "read_metadata", unwritable)
+    assert_cli_error(capsys, "info", ["info", compressed[2]], "Permission denied")
+
+
+def test_a_bug_is_one_line_with_the_way_to_its_traceback(compressed, capsys, monkeypatch):
+    from svdmlp import checkpoint
+
+    def broken(*args, **kwargs):
+        raise TypeError("an argument of the wrong type")
+
+    monkeypatch.setattr(checkpoint, "read_metadata", broken)
+    monkeypatch.delenv("SVDMLP_TRACEBACK", raising=False)
+    code, _, err = run_cli(capsys, "info", compressed[2])
+    assert code == 1 and "Traceback" not in err
+    assert err.strip() == (
+        "svdmlp info: internal error: TypeError: an argument of the wrong type (a bug in svdmlp: run again "
+        "with SVDMLP_TRACEBACK=1 for the traceback, and report it)"
+    )
+    monkeypatch.setenv("SVDMLP_TRACEBACK", "1")
+    with pytest.raises(TypeError):
+        run_cli(capsys, "info", compressed[2])

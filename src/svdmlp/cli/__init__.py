@@ -5,14 +5,16 @@ Each command is one module of this package with its parser (``add_parser``) and 
 torch and transformers only when they run, so ``svdmlp --help`` answers at once.
 
 Every handler returns an :class:`~svdmlp.cli.options.Outcome`: the exit status and the record that
-``--json FILE`` writes. Bad input (a ValueError or a missing or existing file) exits with status 2
-and one line on standard error.
+``--json FILE`` writes. Bad input (a ValueError, or an OSError: a file missing, in the way or unwritable,
+a full disk) exits with status 2 and one line on standard error; anything else is a bug, reported in one
+line with exit status 1 (``SVDMLP_TRACEBACK=1`` shows its traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -80,9 +82,8 @@ def _run(args: argparse.Namespace) -> int:
             if json_target not in (None, "-"):
                 options.write_json(outcome.record, json_target)
                 print(f"wrote {json_target}")
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        message = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"svdmlp {args.command}: error: {message}", file=sys.stderr)
+    except (ValueError, OSError) as err:  # bad input; files missing, in the way, unwritable; a full disk
+        print(f"svdmlp {args.command}: error: {_first_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -90,6 +91,19 @@ def _run(args: argparse.Namespace) -> int:
     except _Terminated:
         print("terminated", file=sys.stderr)
         return 143
+    except Exception as err:  # a bug: a short report, the traceback on request
+        if os.environ.get("SVDMLP_TRACEBACK"):
+            raise
+        print(
+            f"svdmlp {args.command}: internal error: {type(err).__name__}: {_first_line(err)} "
+            "(a bug in svdmlp: run again with SVDMLP_TRACEBACK=1 for the traceback, and report it)",
+            file=sys.stderr,
+        )
+        return 1
     if json_target == "-":
         options.write_json(outcome.record, "-")
     return outcome.code
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0] if str(err).strip() else type(err).__name__
