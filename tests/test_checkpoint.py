@@ -587,3 +587,11 @@ def test_a_factor_scheme_this_svdmlp_cannot_read_is_refused(tokenizer, text_file
     )
     _edit_metadata(directory, lambda m: m["config"].update(factor_bits=4))  # another scheme's shapes
     assert "does not match its recorded architecture" in _one_line_error(directory)
+
+
+def test_every_file_has_the_same_mode(saved):
+    import stat
+
+    directory, _ = saved
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in directory.iterdir() if path.is_file()}
+    assert len(set(modes.values())) == 1, modes

@@ -148,6 +148,7 @@ def _write_weights(
         }
         metadata = {"format": "pt", "svdmlp_format_version": str(FORMAT_VERSION)}
         save_file(tensors, staging / file, metadata=metadata)
+        os.chmod(staging / file, under_umask(0o666))  # safetensors writes 0600; the other files are 0644
         weight_map.update(dict.fromkeys(tensors, file))
         done.update(tensors)
         shards.append(file)
@@ -157,6 +158,7 @@ def _write_weights(
         stored = None if weights is None else weights.stored.get(id(unit))
         if stored is not None and (dtype or weights.dtype) == weights.dtype:
             _link_or_copy(stored, staging / file)
+            os.chmod(staging / file, under_umask(0o666))
             with safe_open(staging / file, framework="pt") as handle:
                 names = list(handle.keys())
             weight_map.update(dict.fromkeys(names, file))
