@@ -44,12 +44,7 @@ def run(args: argparse.Namespace):
     from svdmlp import checkpoint
 
     spec = checkpoint.servable(args.directory)
-    partial = [index for index in spec.layers if not spec.fully_compressed(index)]
-    if partial:
-        raise ValueError(
-            f"{args.directory} has only some projections of layer {partial[0]} low-rank (--targets); "
-            "vLLM serves checkpoints whose compressed MLPs are low-rank whole"
-        )
+    spec.require_whole_mlps()
     if importlib.util.find_spec("vllm") is None:
         raise ValueError(
             "vLLM is not installed in this environment: run `make serve-env`, then "

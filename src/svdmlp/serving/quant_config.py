@@ -49,6 +49,16 @@ class QuantSpec:
         """Whether layer ``index``'s whole gated MLP is low-rank (not only some projections)."""
         return set(self.layers.get(index, ())) == set(_PROJECTIONS)
 
+    def require_whole_mlps(self) -> None:
+        """A ValueError unless every compressed layer's MLP is low-rank whole: what vLLM can serve (its
+        MLP is one merged gate/up layer and one down layer, each low-rank or dense as a whole)."""
+        partial = [index for index in self.layers if not self.fully_compressed(index)]
+        if partial:
+            raise ValueError(
+                f"the checkpoint has only some projections of layer {partial[0]} low-rank (--targets); "
+                "vLLM serves checkpoints whose compressed MLPs are low-rank whole"
+            )
+
     def to_dict(self) -> dict:
         return {
             "quant_method": QUANT_METHOD,

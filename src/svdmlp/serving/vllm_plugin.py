@@ -62,12 +62,7 @@ class SvdmlpConfig(QuantizationConfig):
 
     def __init__(self, spec: quant_config.QuantSpec):
         super().__init__()
-        partial = [index for index in spec.layers if not spec.fully_compressed(index)]
-        if partial:  # refused here, in the process that reads the config, before any worker starts
-            raise ValueError(
-                f"svdmlp checkpoint has only some projections of layer {partial[0]} low-rank (--targets); "
-                "vLLM serves checkpoints whose compressed MLPs are low-rank whole"
-            )
+        spec.require_whole_mlps()  # here, in the process that reads the config, before any worker starts
         self.spec = spec
         self.scheme = factor_scheme(spec.factor_bits)
 
