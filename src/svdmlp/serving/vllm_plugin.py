@@ -110,6 +110,30 @@ class _FactorMethod(LinearMethodBase):
     def __init__(self, scheme: Scheme | None):
         self.scheme = scheme
 
+    def factors(self, inputs: int, outputs: list[int]) -> tuple:
+        """``(name, rows, cols, split)`` of each factor, in the order :meth:`apply` multiplies by them,
+        for a rank with ``inputs`` inputs and ``outputs`` outputs (see :meth:`_register`)."""
+        raise NotImplementedError
+
+    def create_weights(
+        self,
+        layer,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ):
+        layer.svdmlp_shapes = self.factors(input_size_per_partition, output_partition_sizes)
+        for name, rows, cols, split in layer.svdmlp_shapes:
+            self._register(layer, name, rows, cols, params_dtype, split)
+
+    def process_weights_after_loading(self, layer) -> None:
+        layer.svdmlp_factors = tuple(
+            self._factor(layer, name, rows) for name, rows, _, _ in layer.svdmlp_shapes
+        )
+
     def _register(self, layer, name: str, rows: int, cols: int, dtype: torch.dtype, split: str | None):
         """A factor ``(rows, cols)`` as used in ``x @ factor`` (``rows`` of its inputs local to this
         rank already), ``split`` "rows" or "cols" saying along which dimension the stored tensor is
@@ -184,28 +208,12 @@ class GateUpMethod(_FactorMethod):
         super().__init__(scheme)
         self.r_gate, self.r_up = r_gate, r_up
 
-    def create_weights(
-        self,
-        layer,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        **extra_weight_attrs,
-    ):
-        inter = output_partition_sizes[0]
-        self._register(
-            layer, "gate_up_u_t", input_size_per_partition, self.r_gate + self.r_up, params_dtype, None
-        )
-        self._register(layer, "gate_v_t", self.r_gate, inter, params_dtype, "cols")
-        self._register(layer, "up_v_t", self.r_up, inter, params_dtype, "cols")
-
-    def process_weights_after_loading(self, layer) -> None:
-        layer.svdmlp_factors = (
-            self._factor(layer, "gate_up_u_t", layer.input_size_per_partition),
-            self._factor(layer, "gate_v_t", self.r_gate),
-            self._factor(layer, "up_v_t", self.r_up),
+    def factors(self, inputs: int, outputs: list[int]) -> tuple:
+        inter = outputs[0]
+        return (
+            ("gate_up_u_t", inputs, self.r_gate + self.r_up, None),
+            ("gate_v_t", self.r_gate, inter, "cols"),
+            ("up_v_t", self.r_up, inter, "cols"),
         )
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -221,28 +229,14 @@ class DownMethod(_FactorMethod):
         super().__init__(scheme)
         self.r_down = r_down
 
-    def create_weights(
-        self,
-        layer,
-        input_size_per_partition: int,
-        output_partition_sizes: list[int],
-        input_size: int,
-        output_size: int,
-        params_dtype: torch.dtype,
-        **extra_weight_attrs,
-    ):
-        hidden = sum(output_partition_sizes)
-        self._register(layer, "u_t", input_size_per_partition, self.r_down, params_dtype, "rows")
-        self._register(layer, "v_t", self.r_down, hidden, params_dtype, None)
+    def factors(self, inputs: int, outputs: list[int]) -> tuple:
+        return (("u_t", inputs, self.r_down, "rows"), ("v_t", self.r_down, sum(outputs), None))
 
     def process_weights_after_loading(self, layer) -> None:
-        layer.svdmlp_factors = (
-            self._factor(layer, "u_t", layer.input_size_per_partition),
-            self._factor(layer, "v_t", self.r_down),
-        )
+        super().process_weights_after_loading(layer)
         # The fused kernel (x @ U kept on chip) where Triton runs, PyTorch's two products elsewhere;
         # chosen once here, so that the forward vLLM compiles is the product alone.
-        device = layer.v_t.device if self.scheme is None else layer.v_t_values.device
+        device = next(layer.parameters()).device
         layer.svdmlp_lowrank_linear = backends.get(backends.resolve("auto", device)).lowrank_linear
 
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
