@@ -5,8 +5,10 @@ Everything is built offline from configs; nothing is downloaded.
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
+from pathlib import Path
 
 # Before any import: huggingface_hub reads these when it is first imported.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -280,6 +282,20 @@ def assert_cli_error(capsys, command: str, argv, *phrases: str) -> str:
     for phrase in phrases:
         assert phrase in line, (phrase, line)
     return line
+
+
+def edit_metadata(directory, edit) -> dict:
+    """Apply ``edit`` to a checkpoint's svdmlp.json and seal it again (its digest recomputed), as a
+    deliberate editor would: what the checks behind the digest find. Returns the edited record."""
+    from svdmlp import checkpoint_record
+
+    path = Path(directory) / "svdmlp.json"
+    metadata = json.loads(path.read_text())
+    edit(metadata)
+    if checkpoint_record.DIGEST_KEY in metadata:
+        metadata[checkpoint_record.DIGEST_KEY] = checkpoint_record.digest(metadata)
+    path.write_text(json.dumps(metadata))
+    return metadata
 
 
 def snapshot(directory) -> dict[str, tuple[bytes, int]]:

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from conftest import ARCH_CONFIGS, SAMPLE_TEXT, VOCAB, snapshot, tiny_model
-from svdmlp import checkpoint
+from conftest import ARCH_CONFIGS, SAMPLE_TEXT, VOCAB, edit_metadata, snapshot, tiny_model
+from svdmlp import checkpoint, checkpoint_record
 from svdmlp.compression import pipeline
 from svdmlp.compression.report import CompressionReport
 from svdmlp.config import CalibrationSpec, CompressConfig
@@ -292,7 +292,7 @@ def test_unknown_format(ckpt, key, value):
     metadata[key] = value
     path.write_text(json.dumps(metadata))
     with pytest.raises(
-        ValueError, match=f"{value!r}.*; this svdmlp reads 'svdmlp' version 1 or 2 or 3 or 4$"
+        ValueError, match=f"{value!r}.*; this svdmlp reads 'svdmlp' version 1 or 2 or 3 or 4 or 5$"
     ):
         checkpoint.load(ckpt)
 
@@ -305,15 +305,8 @@ def _one_line_error(ckpt, **kwargs) -> str:
     return message
 
 
-def _edit_metadata(ckpt, edit) -> None:
-    path = ckpt / "svdmlp.json"
-    metadata = json.loads(path.read_text())
-    edit(metadata)
-    path.write_text(json.dumps(metadata))
-
-
 def test_ranks_that_do_not_match_the_weights(ckpt):
-    _edit_metadata(ckpt, lambda m: m["report"]["layers"][0]["projections"][0].update(rank=24))
+    edit_metadata(ckpt, lambda m: m["report"]["layers"][0]["projections"][0].update(rank=24))
     assert _one_line_error(ckpt) == (
         f"checkpoint {ckpt} does not match its recorded architecture: 2 of another shape "
         "(model.layers.0.mlp.gate_up_u_t 64x32 instead of 64x40, model.layers.0.mlp.gate_v_t 16x96 instead of "
@@ -322,7 +315,7 @@ def test_ranks_that_do_not_match_the_weights(ckpt):
 
 
 def test_layer_recorded_as_skipped_but_stored_compressed(ckpt):
-    _edit_metadata(ckpt, lambda m: m["report"]["layers"][1].update(status="skipped", projections=[]))
+    edit_metadata(ckpt, lambda m: m["report"]["layers"][1].update(status="skipped", projections=[]))
     assert (
         "does not match its recorded architecture: 3 missing (model.layers.1.mlp.down_proj.weight, "
         "model.layers.1.mlp.gate_proj.weight, model.layers.1.mlp.up_proj.weight), 5 unexpected "
@@ -410,6 +403,7 @@ def _as_version_1(ckpt) -> None:
     weights = ckpt / "model.safetensors"
     save_file(tensors, weights)
     metadata["format_version"] = 1
+    del metadata[checkpoint_record.DIGEST_KEY]  # format 5 added it
     metadata["weights"] = {
         "file": weights.name,
         "bytes": weights.stat().st_size,
@@ -446,11 +440,113 @@ def test_version_1_checkpoint_still_loads_and_checks_its_weights(saved, ckpt):
     ids=["no-files", "outside", "absolute", "no-sha256", "bytes-as-text", "no-weights"],
 )
 def test_malformed_file_record(ckpt, edit):
-    _edit_metadata(ckpt, edit)
+    edit_metadata(ckpt, edit)
     with pytest.raises(
         ValueError, match="svdmlp.json is corrupted: its record of the checkpoint's files is malformed"
     ):
         checkpoint.read_metadata(ckpt)
+
+
+# --- svdmlp.json is validated as it is read, and sealed by its own digest (issue 52, items 6 and 7) ---
+
+
+def _first_projection(m) -> dict:
+    return m["report"]["layers"][0]["projections"][0]
+
+
+@pytest.mark.parametrize(
+    ("edit", "phrase"),
+    [
+        (lambda m: _first_projection(m).update(rank=-32), "its report has layer 0 gate of rank -32"),
+        (lambda m: _first_projection(m).update(rank="abc"), "its report has layer 0 gate of rank 'abc'"),
+        (lambda m: _first_projection(m).update(rank=True), "of rank True"),
+        (
+            lambda m: m["report"]["layers"][0].update(index=99),
+            "its report records layer 99, but the model of config.json has 2 layers",
+        ),
+        (lambda m: m.pop("report"), "its report is missing"),
+        (lambda m: m.update(dtype="float99"), "dtype 'float99' is none of float32"),
+        (lambda m: m.update(base_model=None), "base_model None is not a name"),
+        (lambda m: m["config"].update(keep="abc"), "its compression config is malformed"),
+        (lambda m: m["report"]["params_before"].update(mlp=0), "counts no MLP parameters"),
+        (lambda m: m["report"]["layers"].append(m["report"]["layers"][0]), "records layer 0 twice"),
+        (lambda m: m["report"]["layers"][0].update(status="gone"), "of status 'gone'"),
+        (lambda m: _first_projection(m).update(name="gate_up"), "with projections ['gate_up', 'up', 'down']"),
+        (lambda m: _first_projection(m).update(extra=1), "layer 0 gate of unknown form"),
+    ],
+    ids=[
+        "negative-rank",
+        "rank-as-text",
+        "rank-as-bool",
+        "layer-beyond-model",
+        "no-report",
+        "dtype",
+        "base-model",
+        "config",
+        "no-mlp",
+        "layer-twice",
+        "status",
+        "projection-name",
+        "unknown-key",
+    ],
+)
+def test_a_malformed_record_is_one_line_when_read(ckpt, edit, phrase):
+    """Each of these once crashed a load (or, the dtype, loaded anyway) with exit 1 or a traceback."""
+    edit_metadata(ckpt, edit)
+    with pytest.raises(ValueError) as error:
+        checkpoint.read_metadata(ckpt)
+    message = str(error.value)
+    assert message.startswith(f"{ckpt / 'svdmlp.json'} is corrupted: ") and "\n" not in message
+    assert phrase in message, message
+
+
+def test_layers_edited_in_the_config_with_its_hash_are_refused(ckpt):
+    """config.json's num_hidden_layers cut to 1, its new hash recorded: the record's layer 1 is beyond it."""
+    path = ckpt / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_hidden_layers": 1}))
+    record = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    edit_metadata(ckpt, lambda m: m["files"].update({"config.json": record}))
+    assert "its report records layer 1, but the model of config.json has 1 layers" in _one_line_error(ckpt)
+
+
+def test_a_record_nested_too_deeply_is_corrupted(ckpt):
+    (ckpt / "svdmlp.json").write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(ValueError, match="svdmlp.json is corrupted: its JSON is nested too deeply$"):
+        checkpoint.read_metadata(ckpt)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m.update(base_model="/elsewhere/another-model"),
+        lambda m: m["config"].update(keep=0.9),
+        lambda m: m["files"]["config.json"].update(sha256="0" * 64),
+        lambda m: m.pop(checkpoint_record.DIGEST_KEY),
+    ],
+    ids=["base-model", "keep", "file-hash", "digest-removed"],
+)
+def test_an_edited_record_is_refused_by_its_digest(ckpt, edit):
+    path = ckpt / "svdmlp.json"
+    metadata = json.loads(path.read_text())
+    assert metadata[checkpoint_record.DIGEST_KEY] == checkpoint_record.digest(metadata)
+    edit(metadata)
+    path.write_text(json.dumps(metadata, indent=2))
+    assert _one_line_error(ckpt) == (
+        f"{path} was edited after it was saved: its content does not match the SHA-256 it records; "
+        "restore the checkpoint or save it again"
+    )
+
+
+def test_the_digest_ignores_the_layout_of_the_json(ckpt):
+    path = ckpt / "svdmlp.json"
+    path.write_text(json.dumps(dict(reversed(json.loads(path.read_text()).items()))))
+    checkpoint.read_metadata(ckpt)
+
+
+def test_a_format_4_checkpoint_without_a_digest_still_loads(saved, ckpt):
+    edit_metadata(ckpt, lambda m: m.update(format_version=4) or m.pop(checkpoint_record.DIGEST_KEY))
+    loaded, _ = checkpoint.load(ckpt)
+    assert torch.equal(_logits(loaded), _logits(saved[1]))
 
 
 # --- configs naming another architecture -------------------------------------------------------
@@ -581,11 +677,12 @@ def test_quantized_factors_round_trip_in_one_call(bits, tokenizer, text_file, tm
 def test_a_factor_scheme_this_svdmlp_cannot_read_is_refused(tokenizer, text_file, tmp_path):
     model, config, report = _compress("llama", tokenizer, text_file, factor_bits=8)
     directory = checkpoint.save(tmp_path / "ckpt", model, tokenizer, config, report, base_model="tiny")
-    _edit_metadata(directory, lambda m: m["config"].update(factor_bits=3))
+    edit_metadata(directory, lambda m: m["config"].update(factor_bits=3))
     assert _one_line_error(directory) == (
-        f"checkpoint {directory} stores its factors with 3 bits, which this svdmlp cannot read (it reads [4, 8, 16])"
+        f"{directory / 'svdmlp.json'} is corrupted: its compression config is malformed "
+        "(factor bits must be one of [4, 8, 16], got 3)"
     )
-    _edit_metadata(directory, lambda m: m["config"].update(factor_bits=4))  # another scheme's shapes
+    edit_metadata(directory, lambda m: m["config"].update(factor_bits=4))  # another scheme's shapes
     assert "does not match its recorded architecture" in _one_line_error(directory)
 
 

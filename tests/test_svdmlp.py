@@ -42,8 +42,9 @@ LAYERS = (
         "svdmlp.quantize",
         "svdmlp.serving",
     ),
+    ("svdmlp.checkpoint_record",),
     ("svdmlp.bench", "svdmlp.checkpoint"),
-    ("svdmlp.sweep",),
+    ("svdmlp.compress_on_disk", "svdmlp.sweep"),
     ("svdmlp.cli",),
     ("svdmlp.__main__",),
 )

@@ -7,8 +7,9 @@ A checkpoint directory holds:
   made and a big model is never whole in memory; ``model.safetensors.index.json`` maps every tensor to
   its file, as Hugging Face's sharded checkpoints do;
 - ``svdmlp.json``: format version, the compression config, the per-layer report (ranks, achieved
-  keep, errors), the calibration-token hash, library versions, and the size and SHA-256 of every
-  other file of the directory;
+  keep, errors), the calibration-token hash, library versions, the size and SHA-256 of every
+  other file of the directory, and the SHA-256 of its own content (read and validated by
+  :mod:`svdmlp.checkpoint_record`);
 - ``config.json`` / ``generation_config.json`` and the tokenizer files, as Hugging Face writes them; the
   config also carries the ``quantization_config`` by which transformers and vLLM load the checkpoint
   (:mod:`svdmlp.serving.quant_config`).
@@ -16,8 +17,8 @@ A checkpoint directory holds:
 Saves are atomic (a staging directory renamed into place) and never replace a directory that is
 not an svdmlp checkpoint. Loads build the model skeleton with parameters on the meta device, swap in
 empty low-rank modules of the recorded ranks, and assign the safetensors tensors in place. Loads first
-check every recorded file, so a changed config (``rope_theta``, ``rms_norm_eps``) or tokenizer is
-refused like changed weights.
+check the record and every recorded file, so a changed config (``rope_theta``, ``rms_norm_eps``),
+tokenizer or record is refused like changed weights.
 """
 
 from __future__ import annotations
@@ -37,25 +38,23 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from svdmlp import arch, lazy, lowrank, models
+from svdmlp.checkpoint_record import (
+    DIGEST_KEY,
+    FORMAT,
+    FORMAT_VERSION,
+    METADATA_FILE,
+    digest,
+    is_checkpoint,
+    read_metadata,
+    verify_files,
+    weight_files,
+)
 from svdmlp.compression.report import CompressionReport
-from svdmlp.config import FACTOR_BITS, CompressConfig
-from svdmlp.int_weights import Scheme, factor_scheme
+from svdmlp.config import CompressConfig
+from svdmlp.int_weights import factor_scheme
 from svdmlp.paths import file_sha256, under_umask
 from svdmlp.serving import quant_config
 from svdmlp.versions import installed_versions
-
-METADATA_FILE = "svdmlp.json"
-FORMAT = "svdmlp"
-FORMAT_VERSION = quant_config.VERSION
-# Version 1 recorded the size and SHA-256 of its one weights file alone ("weights": {"file", ...});
-# version 2 records them for every file of the directory but svdmlp.json ("files"); version 3 stores
-# the weights in one file per unit (embeddings, each decoder layer, LM head, rest): "weights": {"files"};
-# version 4 adds the quantization_config to config.json that transformers and vLLM load it by.
-READABLE_VERSIONS = (1, 2, 3, 4)
-
-
-def is_checkpoint(directory: str | os.PathLike) -> bool:
-    return (Path(directory) / METADATA_FILE).is_file()
 
 
 def save(
@@ -102,6 +101,7 @@ def save(
             "files": files,
             "tied": aliases,
         }
+        metadata[DIGEST_KEY] = digest(metadata)
         (staging / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
         _replace(staging, target)
     finally:
@@ -235,86 +235,6 @@ def _replace(staging: Path, target: Path) -> None:
     shutil.rmtree(retired, ignore_errors=True)
 
 
-def read_metadata(directory: str | os.PathLike) -> dict:
-    """The parsed ``svdmlp.json`` of a checkpoint, with clear errors for anything else."""
-    root = Path(directory).expanduser()
-    if not root.exists():
-        raise FileNotFoundError(f"checkpoint directory {root} does not exist")
-    path = root / METADATA_FILE
-    if not path.is_file():
-        raise ValueError(f"{root} is not an svdmlp checkpoint (no {METADATA_FILE})")
-    try:
-        metadata = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is corrupted: {err}") from None
-    if not isinstance(metadata, dict):
-        raise ValueError(f"{path} is corrupted: it holds no JSON object")
-    version = metadata.get("format_version")
-    if metadata.get("format") != FORMAT or type(version) is not int or version not in READABLE_VERSIONS:
-        raise ValueError(
-            f"{path} has format {metadata.get('format')!r} version {version!r}; "
-            f"this svdmlp reads {FORMAT!r} version {' or '.join(map(str, READABLE_VERSIONS))}"
-        )
-    weights = metadata.get("weights")
-    files = metadata.get("files") if version >= 2 else {}
-    if version >= 3:
-        shards = weights.get("files") if isinstance(weights, dict) else None
-        weights_ok = (
-            isinstance(shards, list)
-            and bool(shards)
-            and isinstance(files, dict)
-            and all(isinstance(name, str) and name in files for name in shards)
-        )
-    else:
-        weights_ok = _is_record(weights) and _is_inside(weights.get("file"))
-    if not (
-        weights_ok
-        and isinstance(files, dict)
-        and all(_is_inside(name) and _is_record(record) for name, record in files.items())
-    ):
-        raise ValueError(f"{path} is corrupted: its record of the checkpoint's files is malformed")
-    return metadata
-
-
-def servable(directory: str | os.PathLike) -> quant_config.QuantSpec:
-    """The ``quantization_config`` an engine will build ``directory``'s model from, once every file has
-    been checked against its recorded hash; a ValueError for a checkpoint no engine should start on."""
-    metadata = read_metadata(directory)
-    verify_files(directory, metadata)
-    if metadata["format_version"] < FORMAT_VERSION:
-        raise ValueError(
-            f"{directory} is a format {metadata['format_version']} checkpoint, written before checkpoints "
-            f"carried the quantization_config engines load them by; save it again with this svdmlp: "
-            f"svdmlp upgrade {directory}"
-        )
-    record = json.loads((Path(directory).expanduser() / "config.json").read_text())
-    return quant_config.parse(record.get("quantization_config"))
-
-
-def _is_record(record) -> bool:
-    """Whether ``record`` is a file's size and SHA-256 as :func:`save` writes them."""
-    return (
-        isinstance(record, dict)
-        and type(record.get("bytes")) is int
-        and isinstance(record.get("sha256"), str)
-    )
-
-
-def _is_inside(name) -> bool:
-    """Whether a recorded file name is a relative path that stays inside the checkpoint."""
-    return (
-        isinstance(name, str) and name != "" and not Path(name).is_absolute() and ".." not in Path(name).parts
-    )
-
-
-def _recorded_files(metadata: dict) -> dict[str, dict]:
-    """The files whose size and SHA-256 the checkpoint recorded: every file but svdmlp.json from
-    version 2 on, the weights alone in version 1."""
-    if metadata["format_version"] >= 2:
-        return metadata["files"]
-    return {metadata["weights"]["file"]: metadata["weights"]}
-
-
 def _read_weights(path: Path, dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
     """The tensors of one weights file on ``device``, the floating ones in ``dtype`` (integer ones,
     quantized factors, as stored). Each is read straight into its final buffer: loading the whole file
@@ -327,35 +247,6 @@ def _read_weights(path: Path, dtype: torch.dtype, device: torch.device) -> dict[
             else handle.get_tensor(key).to(device)
             for key in handle.keys()
         }
-
-
-def _weight_files(metadata: dict) -> list[str]:
-    """The names of the checkpoint's weights files (one before version 3)."""
-    if metadata["format_version"] >= 3:
-        return metadata["weights"]["files"]
-    return [metadata["weights"]["file"]]
-
-
-def verify_files(directory: str | os.PathLike, metadata: dict) -> None:
-    """Check every recorded file against the size and SHA-256 recorded at save time; a ValueError
-    names the first one that is missing or differs."""
-    root = Path(directory).expanduser()
-    for name, expected in _recorded_files(metadata).items():
-        _verify_file(root / name, expected, weights=name in _weight_files(metadata))
-
-
-def _verify_file(path: Path, expected: dict, weights: bool) -> None:
-    subject = f"checkpoint weights {path} are" if weights else f"checkpoint file {path} is"
-    advice = "restore the checkpoint or save it again"
-    if not path.is_file():
-        raise ValueError(f"{subject} missing; {advice}")
-    size = path.stat().st_size
-    if size != expected["bytes"]:
-        raise ValueError(
-            f"{subject} truncated or altered: {size} bytes, expected {expected['bytes']}; {advice}"
-        )
-    if file_sha256(path) != expected["sha256"]:
-        raise ValueError(f"{subject} corrupted: SHA-256 differs from the one recorded at save time; {advice}")
 
 
 def _retie(model: nn.Module, aliases: dict[str, str]) -> None:
@@ -411,9 +302,11 @@ def load(
         model = AutoModelForCausalLM.from_config(config, dtype=compute)
     report = CompressionReport.from_dict(metadata["report"])
     layers = {layer.index: layer.ranks for layer in report.layers if layer.status == "compressed"}
-    lowrank.install_skeleton(model, layers, compute, _factor_scheme(directory, metadata))
+    # How the factors are stored (None: floating point); read_metadata has checked the bits.
+    scheme = factor_scheme(metadata["config"].get("factor_bits", 16))
+    lowrank.install_skeleton(model, layers, compute, scheme)
     state = {}
-    for name in _weight_files(metadata):
+    for name in weight_files(metadata):
         weights = Path(directory).expanduser() / name
         try:
             state.update(_read_weights(weights, compute, torch.device(device)))
@@ -465,18 +358,6 @@ def upgrade(
         overwrite=out is None or overwrite,
         dtype=getattr(torch, metadata["dtype"]),
     )
-
-
-def _factor_scheme(directory, metadata: dict) -> Scheme | None:
-    """How the checkpoint's factors are stored (None: floating point, as before ``--factor-bits``)."""
-    bits = metadata.get("config", {}).get("factor_bits", 16)
-    try:
-        return factor_scheme(bits)
-    except ValueError:
-        raise ValueError(
-            f"checkpoint {directory} stores its factors with {bits!r} bits, which this svdmlp cannot read "
-            f"(it reads {sorted(FACTOR_BITS)})"
-        ) from None
 
 
 def load_any(target: str | None, backend: str = "auto", dtype: torch.dtype | None = None, device="cpu"):

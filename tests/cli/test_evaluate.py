@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import assert_cli_error, run_cli, tiny_checkpoint
+from conftest import assert_cli_error, edit_metadata, run_cli, tiny_checkpoint
 from svdmlp.evaluate import harness, tasks
 
 pytest.importorskip("lm_eval")
@@ -294,8 +294,9 @@ def test_a_relative_base_path_is_recorded_absolute_and_an_old_relative_one_refus
     assert models.recorded_name("smollm2-135m") == "smollm2-135m"
     assert models.recorded_name("org/not-here") == "org/not-here"
 
-    path = copy / "svdmlp.json"  # as svdmlp wrote it before: the path as given
-    path.write_text(json.dumps({**json.loads(path.read_text()), "base_model": "dense"}))
+    edit_metadata(
+        copy, lambda m: m.update(base_model="dense")
+    )  # as svdmlp wrote it before: the path as given
     monkeypatch.chdir(tmp_path / "B")
     line = assert_cli_error(capsys, "eval", ["eval", copy, "--max-windows", 1], "relative path 'dense'")
     assert "--no-baseline" in line

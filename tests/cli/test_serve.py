@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import SAMPLE_TEXT, assert_cli_error, tiny_model
+from conftest import SAMPLE_TEXT, assert_cli_error, edit_metadata, tiny_model
 from svdmlp import checkpoint
 from svdmlp.compression import pipeline
 from svdmlp.config import CalibrationSpec, CompressConfig
@@ -34,9 +34,8 @@ def _edit_config(directory, edit) -> None:
     record = json.loads(path.read_text())
     edit(record)
     path.write_text(json.dumps(record))
-    metadata = json.loads((directory / "svdmlp.json").read_text())
-    metadata["files"]["config.json"] = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-    (directory / "svdmlp.json").write_text(json.dumps(metadata))
+    record = {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+    edit_metadata(directory, lambda m: m["files"].update({"config.json": record}))
 
 
 def test_altered_weights_are_refused(ckpt, capsys):
@@ -59,9 +58,7 @@ def test_an_unknown_record_version_is_refused(ckpt, capsys):
 
 
 def test_an_earlier_format_is_refused_with_the_upgrade_command(ckpt, capsys):
-    metadata = json.loads((ckpt / "svdmlp.json").read_text())
-    metadata["format_version"] = 3
-    (ckpt / "svdmlp.json").write_text(json.dumps(metadata))
+    edit_metadata(ckpt, lambda m: m.update(format_version=3))
     assert_cli_error(capsys, "serve", ["serve", ckpt], "format 3", f"svdmlp upgrade {ckpt}")
 
 

@@ -21,7 +21,7 @@ vllm = pytest.importorskip("vllm")
 from safetensors import safe_open  # noqa: E402
 
 from conftest import SAMPLE_TEXT, tiny_model, untied_model  # noqa: E402
-from svdmlp import checkpoint, models  # noqa: E402
+from svdmlp import checkpoint, checkpoint_record, models  # noqa: E402
 from svdmlp.compression import pipeline  # noqa: E402
 from svdmlp.config import CalibrationSpec, CompressConfig  # noqa: E402
 from svdmlp.engine.engine import Engine  # noqa: E402
@@ -159,7 +159,7 @@ def test_tensor_parallel_two_gives_the_same_tokens_and_halves_what_is_split(toke
         assert vllm_greedy(llm, prompts) == svdmlp_greedy(ckpt, prompts)
         per_rank = llm.apply_model(_mlp_factor_bytes)
     # Each rank holds gate/up's shrink factor and down's expand factor whole, half of the other three.
-    spec = checkpoint.servable(ckpt)
+    spec = checkpoint_record.servable(ckpt)
     hidden, inter = VLLM_TINY["hidden_size"], VLLM_TINY["intermediate_size"]
     expected = sum(
         4

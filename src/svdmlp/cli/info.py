@@ -15,10 +15,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> options.Outcome:
-    from svdmlp import checkpoint
+    from svdmlp import checkpoint_record
     from svdmlp.compression import report
 
-    metadata = checkpoint.read_metadata(args.directory)
+    metadata = checkpoint_record.read_metadata(args.directory)
     result = report.CompressionReport.from_dict(metadata["report"])
     config = metadata["config"]
     print(

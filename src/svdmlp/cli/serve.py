@@ -41,9 +41,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace):
-    from svdmlp import checkpoint
+    from svdmlp import checkpoint_record
 
-    spec = checkpoint.servable(args.directory)
+    spec = checkpoint_record.servable(args.directory)
     spec.require_whole_mlps()
     if importlib.util.find_spec("vllm") is None:
         raise ValueError(
