@@ -3,10 +3,14 @@
 Public API::
 
     import svdmlp
-    model, tokenizer, base = svdmlp.load_dense("smollm2-135m")
-    report = svdmlp.compress(model, tokenizer, svdmlp.CompressConfig(keep=0.8))
-    svdmlp.save("out/", model, tokenizer, config, report, base_model=base)
+    svdmlp.compress_to("smollm2-135m", "out/")       # the default recipe, bounded memory, resumable
     model, tokenizer = svdmlp.load("out/", backend="auto")
+
+    # or a model in memory, any config:
+    model, tokenizer, base = svdmlp.load_dense("smollm2-135m")
+    config = svdmlp.CompressConfig.preset("fast", keep=0.8)
+    report = svdmlp.compress(model, tokenizer, config)
+    svdmlp.save("out/", model, tokenizer, config, report, base_model=base)
 
 ``keep`` is the fraction of MLP parameters kept; the NeuronMLP paper's compression ratio is 1 − keep.
 
@@ -27,6 +31,7 @@ _API = {
     "CompressConfig": "svdmlp.config",
     "CalibrationSpec": "svdmlp.config",
     "compress": "svdmlp.compression.pipeline",
+    "compress_to": "svdmlp.compress_on_disk",
     "save": "svdmlp.checkpoint",
     "load": "svdmlp.checkpoint",
     "load_dense": "svdmlp.models",

@@ -292,6 +292,33 @@ class CompressConfig:
         """Whether the dense model's Grams are used: one-shot factorising, or ranks allocated from them."""
         return self.needs_calibration and (not self.sequential or self.allocation == "budget")
 
+    @classmethod
+    def preset(
+        cls, effort: str = "default", *, keep: float = 0.8, inter: int | None = None, **changes
+    ) -> CompressConfig:
+        """The recipe and budgets of ``effort`` (one of :data:`EFFORTS`: what ``svdmlp compress --effort``
+        uses) at ``keep``, any other field set by ``changes``. ``inter``, the MLP's intermediate width,
+        sizes the calibration windows as the command line does (None: the effort's fewest). Plain SVD
+        (``method="svd"``) collects no calibration, so the effort's sequential calibration and
+        closed-form healing, which need it, do not apply to it unless asked for."""
+        if effort not in EFFORTS:
+            raise ValueError(f"unknown effort {effort!r}; expected one of {sorted(EFFORTS)}")
+        preset = EFFORTS[effort]
+        calibrated = changes.get("method", preset.method) != "svd"
+        seq_len = CalibrationSpec.seq_len
+        samples = preset.calib_samples if inter is None else preset.calibration_windows(inter, seq_len)
+        distils = "lora" in preset.heal.split("+")
+        defaults = {
+            "keep": keep,
+            "method": preset.method,
+            "calibration": CalibrationSpec(num_samples=samples),
+            "allocation": preset.allocation,
+            "sequential": preset.sequential and calibrated,
+            "heal": preset.heal if calibrated else ("lora" if distils else "none"),
+            "lora": LoraSpec(steps=preset.heal_steps),
+        }
+        return cls(**{**defaults, **changes})
+
     def with_recipe(self, recipe: str) -> CompressConfig:
         """This config with a recipe's method and options, e.g. ``"whiten+sequential+closed-form+lora"``.
 

@@ -21,17 +21,18 @@ run (as distillation and the output-gradient Grams do): autograd keeps the param
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -339,10 +340,54 @@ class DiskWeights:
 
 
 def save_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
-    """Write ``tensors`` to the safetensors file ``path``; a stop while writing leaves it as it was."""
+    """Write ``tensors`` to the safetensors file ``path`` with a digest of their values in its metadata
+    (:func:`intact` checks it); the file reaches the disk (fsync) before it replaces ``path``, so a stop or
+    a crash while writing leaves the old file, never part of the new one."""
     partial = path.with_name(path.name + ".partial")
-    save_file(tensors, partial, metadata=metadata)
+    digest = _digest(sorted(tensors), tensors.__getitem__)
+    save_file(tensors, partial, metadata={**metadata, DIGEST: digest})
+    with open(partial, "rb") as written:
+        os.fsync(written.fileno())
     partial.replace(path)
+
+
+# The metadata key of the digest save_atomic writes: the SHA-256 of each tensor's name, dtype, shape and
+# bytes, in the order of their names.
+DIGEST = "svdmlp_sha256"
+
+
+def _digest(names: Iterable[str], get: Callable[[str], torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in names:
+        tensor = get(name).detach().contiguous().cpu()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def saved_digest(path: Path) -> str | None:
+    """The digest :func:`save_atomic` recorded in ``path`` (None for a file without one)."""
+    with safe_open(path, framework="pt") as handle:
+        return (handle.metadata() or {}).get(DIGEST)
+
+
+def saved_metadata(handle) -> dict[str, str]:
+    """The metadata a file :func:`save_atomic` wrote was given (its digest left out)."""
+    return {key: value for key, value in (handle.metadata() or {}).items() if key != DIGEST}
+
+
+def intact(path: Path, digest: str | None = None) -> bool:
+    """Whether ``path`` is a whole file that :func:`save_atomic` wrote, its tensors as they were written
+    (and its digest ``digest``, when given): what a stopped run checks before it trusts a file it kept.
+    Reads the whole file."""
+    try:
+        with safe_open(path, framework="pt") as handle:
+            recorded = (handle.metadata() or {}).get(DIGEST)
+            if recorded is None or digest is not None and recorded != digest:
+                return False
+            return _digest(sorted(handle.keys()), handle.get_tensor) == recorded
+    except (OSError, SafetensorError, ValueError):  # missing, truncated, an unreadable header
+        return False
 
 
 def tensor_names(model: nn.Module) -> dict[int, list[str]]:
@@ -392,10 +437,9 @@ def held(model: nn.Module, *modules: nn.Module) -> Iterator[None]:
         yield
 
 
-def store(model: nn.Module, unit: nn.Module) -> None:
+def store(model: nn.Module, unit: nn.Module) -> Path | None:
     """Write ``unit`` as it is now to the model's scratch directory and read it from there from now on
-    (:meth:`DiskWeights.store`): what changes a held unit's weights in place must do before it lets go,
-    or the next forward reads the old ones. Nothing to do for a model in memory."""
+    (:meth:`DiskWeights.store`), and return that file: what changes a held unit's weights in place must
+    do before it lets go, or the next forward reads the old ones. Nothing to do for a model in memory."""
     weights = of(model)
-    if weights is not None:
-        weights.store(unit)
+    return weights.store(unit) if weights is not None else None

@@ -244,12 +244,16 @@ def test_a_dry_run_prints_each_steps_prediction_and_writes_nothing(compressed, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]  # no checkpoint, no scratch
 
 
-def test_a_plan_whose_scratch_files_do_not_fit_the_disk_is_refused_before_any_work(
-    compressed, tmp_path, capsys, monkeypatch
+@pytest.mark.parametrize("short", ["scratch", "checkpoint"])
+def test_a_plan_whose_scratch_files_and_checkpoint_do_not_fit_the_disk_is_refused_before_any_work(
+    compressed, tmp_path, capsys, monkeypatch, short
 ):
-    from svdmlp.cli import compress
+    from svdmlp.compression import footprint, workspace
 
-    monkeypatch.setattr(compress, "_free_disk", lambda path: 0)
+    if short == "scratch":
+        monkeypatch.setattr(workspace, "free_disk", lambda path: 0)
+    else:  # the disk has room for the scratch files; the checkpoint written beside them counts too
+        monkeypatch.setattr(footprint, "checkpoint_bytes", lambda *args: 1e18)
     model_dir, text, _ = compressed
     argv = ["compress", model_dir, "--calib", text, *TINY, "--out", tmp_path / "out"]
     assert_cli_error(capsys, "compress", argv, "predicted to need", "of disk", "larger disk")

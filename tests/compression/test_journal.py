@@ -4,6 +4,7 @@ tests/test_lazy.py."""
 import pytest
 import torch
 
+from svdmlp import lazy
 from svdmlp.compression import journal
 from svdmlp.compression.calibration import Calibration
 from svdmlp.compression.output_grams import OutputGrams
@@ -39,20 +40,72 @@ def test_a_journal_of_another_plan_or_unreadable_is_refused_and_kept(tmp_path):
         journal.Journal(tmp_path, PLAN)
 
 
-def test_a_calibration_whose_grams_are_gone_is_refused(tmp_path):
+def _spilled(directory, indices=(0, 1)) -> dict:
+    spilled = {}
+    for i in indices:
+        path = directory / f"g{i}.safetensors"
+        lazy.save_atomic({"gate": torch.eye(3) * i}, path, {})
+        spilled[i] = OutputGrams(None, None, None, tokens=64, path=path)
+    return spilled
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated", "changed", "replaced"])
+def test_a_calibration_whose_grams_fail_their_check_is_forgotten_to_be_collected_again(tmp_path, damage):
     record = journal.Journal(tmp_path, PLAN)
-    spilled = {
-        i: OutputGrams(None, None, None, tokens=64, path=tmp_path / f"g{i}.safetensors") for i in (0, 1)
-    }
-    for grams in spilled.values():
-        grams.path.write_bytes(b"")
-    record.calibrated(Calibration({}, 64, "abc", [["general", 1.0]], spilled))
+    record.calibrated(Calibration({}, 64, "abc", [["general", 1.0]], _spilled(tmp_path)))
     assert sorted(journal.Journal(tmp_path, PLAN).calibration().outputs) == [0, 1]
-    (tmp_path / "g1.safetensors").unlink()
-    with pytest.raises(ValueError, match="g1.safetensors is missing"):
-        journal.Journal(tmp_path, PLAN).calibration()
+    path = tmp_path / "g1.safetensors"
+    data = path.read_bytes()
+    if damage == "deleted":
+        path.unlink()
+    elif damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "changed":
+        path.write_bytes(data[:-4] + b"\x01\x02\x03\x04")
+    else:  # a whole file, but not the one recorded
+        lazy.save_atomic({"gate": torch.ones(3, 3)}, path, {})
+    opened = journal.Journal(tmp_path, PLAN)
+    assert opened.calibration() is None
+    assert opened.notes == ["the calibration's output-gradient Grams failed their check: collected again"]
+    assert journal.Journal(tmp_path, PLAN).notes == []  # forgotten on disk too
+
+
+def test_the_grams_of_layers_done_or_left_dense_are_not_checked(tmp_path):
+    record = journal.Journal(tmp_path, PLAN)
+    record.calibrated(Calibration({}, 64, "abc", [["general", 1.0]], _spilled(tmp_path)))
     record.allocated({0: {"gate": 8}}, {"seconds": 1.0})  # layer 1 left dense: its Grams are not needed
+    (tmp_path / "g1.safetensors").unlink()
     assert sorted(journal.Journal(tmp_path, PLAN).calibration().outputs) == [0, 1]
+
+
+def _layer_file(directory, index):
+    path = directory / f"layer{index}.safetensors"
+    lazy.save_atomic({"w": torch.full((4,), float(index))}, path, {})
+    return path
+
+
+@pytest.mark.parametrize("healed", [False, True])
+def test_a_layer_whose_file_fails_its_check_is_compressed_again(tmp_path, healed):
+    record = journal.Journal(tmp_path, PLAN)
+    for index in (0, 1, 2):
+        record.stored(LayerRecord(index, f"m.{index}", "compressed"), _layer_file(tmp_path, index))
+    if healed:
+        record.before_healing()
+        for index in (0, 1, 2):  # distillation writes every layer anew
+            lazy.save_atomic({"w": torch.full((4,), index + 0.5)}, tmp_path / f"layer{index}.safetensors", {})
+        record.healed({"method": "lora"})
+        assert not list(tmp_path.glob("*.before"))
+    data = (tmp_path / "layer1.safetensors").read_bytes()
+    (tmp_path / "layer1.safetensors").write_bytes(data[:-8] + bytes(8))
+    opened = journal.Journal(tmp_path, PLAN)
+    if healed:  # distillation changed every layer: they and the healing are done again
+        assert opened.layers() == {} and opened.healing() is None
+        assert opened.notes[0].startswith("the kept file of layer 1 failed its check; distillation")
+    else:
+        assert sorted(opened.layers()) == [0, 2]
+        assert opened.notes == ["the kept file of layer 1 failed its check: compressed again"]
+        assert not (tmp_path / "layer1.safetensors").exists()
+    assert journal.Journal(tmp_path, PLAN).notes == []
 
 
 def test_a_calibration_held_in_memory_is_not_recorded(tmp_path):
@@ -94,7 +147,7 @@ def test_the_factorisation_is_done_once_every_layer_the_allocation_chose_is_stor
     record = journal.Journal(tmp_path, PLAN)
     assert record.chosen() is None and record.done == []
     record.allocated({3: {"gate": 32}, 5: {"gate": 32}}, {"seconds": 1.0})  # the other layers stay dense
-    record.stored(LayerRecord(3, "model.layers.3.mlp", "compressed"))
+    record.stored(LayerRecord(3, "model.layers.3.mlp", "compressed"), _layer_file(tmp_path, 3))
     assert record.chosen() == 2 and record.done == ["allocation"]
-    record.stored(LayerRecord(5, "model.layers.5.mlp", "compressed"))
+    record.stored(LayerRecord(5, "model.layers.5.mlp", "compressed"), _layer_file(tmp_path, 5))
     assert journal.Journal(tmp_path, PLAN).done == ["allocation", "factorisation"]

@@ -299,6 +299,15 @@ def _strip_bytes(n: int) -> float:
     return n * math.ceil(n / GRAM_BLOCKS) * (F32 + F64)
 
 
+def checkpoint_bytes(shapes: Shapes, config: CompressConfig, compressed: int, save_bytes: int) -> float:
+    """Bytes of the checkpoint of ``compressed`` layers compressed as ``config`` says, ``save_bytes`` per
+    weight (its tokenizer and records are small)."""
+    h, i = shapes.hidden, shapes.inter
+    rank = ranks.rank_for_keep(h, i, config.keep, config.align)
+    saved = len(config.targets) * (h * i - min(h * i, (h + i) * rank))
+    return (shapes.params - compressed * saved) * save_bytes
+
+
 def predict(
     shapes: Shapes,
     config: CompressConfig,

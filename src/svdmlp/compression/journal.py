@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from svdmlp import arch, lazy, lowrank
+from svdmlp import arch, lazy, lowrank, paths
 from svdmlp.compression.calibration import Calibration
 from svdmlp.compression.clock import StepClock
 from svdmlp.compression.heal import distill
@@ -73,13 +73,65 @@ class Journal:
             self.state = state
         # The steps' seconds over every run of this plan, kept with each record written.
         self.clock = StepClock(self.state.get("seconds"))
+        self.notes: list[str] = []  # what the check of the kept files found and will redo, in words
+        self._check_files()
 
     def _write(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.state["seconds"] = self.clock.totals()
-        partial = self.path.with_name(self.path.name + ".partial")
-        partial.write_text(json.dumps(self.state, indent=1))
-        partial.replace(self.path)
+        paths.write_output(self.path, json.dumps(self.state, indent=1))  # on disk (fsync) before it counts
+
+    def _check_files(self) -> None:
+        """Check every file the journal counts as done against the digest recorded with it (a file is
+        recorded only once it is on disk) and forget what fails, after undoing a stop while distillation
+        ran (its layers' files put back as they were before it). A compressed layer that fails is
+        compressed again (to the same factors: from the same inputs), or every layer and the healing
+        where distillation had changed them all; a calibration whose Grams fail is collected again.
+        Nothing that failed a check is read."""
+        files = {int(index): name for index, (name, _) in self.state.get("layer_files", {}).items()}
+        for name in files.values():
+            path = self.directory / name
+            before = path.with_name(path.name + distill.BEFORE)
+            if before.is_file() and self.healing() is None:
+                os.replace(before, path)
+            before.unlink(missing_ok=True)
+            path.with_name(path.name + distill.ADAMW).unlink(missing_ok=True)
+        digests = {int(index): digest for index, (_, digest) in self.state.get("layer_files", {}).items()}
+        bad = sorted(
+            index
+            for index in map(int, self.state.get("layers", {}))
+            if index not in files or not lazy.intact(self.directory / files[index], digests[index])
+        )
+        if bad and self.healing() is not None:
+            self.notes.append(
+                f"the kept file of {_layers(bad)} failed its check; distillation had changed every layer, "
+                "so the layers and the healing are done again"
+            )
+            bad = sorted(map(int, self.state["layers"]))
+            del self.state["healing"]
+        elif bad:
+            self.notes.append(f"the kept file of {_layers(bad)} failed its check: compressed again")
+        for index in bad:
+            del self.state["layers"][str(index)]
+            name = self.state.get("layer_files", {}).pop(str(index), [None])[0]
+            if name is not None:
+                (self.directory / name).unlink(missing_ok=True)
+        calibration = self.state.get("calibration")
+        failed = calibration is not None and any(
+            self._needed(int(index)) and not lazy.intact(self.directory / entry["file"], entry.get("sha256"))
+            for index, entry in calibration["outputs"].items()
+        )
+        if failed:
+            self.notes.append("the calibration's output-gradient Grams failed their check: collected again")
+            del self.state["calibration"]
+        if bad or failed:
+            self._write()
+
+    def _needed(self, index: int) -> bool:
+        """Whether layer ``index``'s output-gradient Grams are still to be used: not once it is compressed,
+        nor for a layer the allocation left dense."""
+        allocated = self.allocation()
+        return str(index) not in self.state.get("layers", {}) and (allocated is None or index in allocated[0])
 
     @property
     def done(self) -> list[str]:
@@ -111,18 +163,17 @@ class Journal:
     # Calibration: the output-gradient Grams spilled to the directory, one file per layer.
 
     def calibration(self) -> Calibration | None:
-        """The calibration recorded (its spilled Grams read when used), or None."""
+        """The calibration recorded (its spilled Grams read when used, each checked when the journal
+        was opened), or None."""
         saved = self.state.get("calibration")
         if saved is None:
             return None
-        outputs, done, allocated = {}, self.layers(), self.allocation()
-        for index, entry in saved["outputs"].items():
-            path = self.directory / entry["file"]
-            # A compressed layer's Grams were deleted once used, and those of a layer left dense.
-            needed = int(index) not in done and (allocated is None or int(index) in allocated[0])
-            if needed and not path.is_file():
-                raise ValueError(f"{path} is missing: delete {self.directory} to start again")
-            outputs[int(index)] = OutputGrams(None, None, None, tokens=entry["tokens"], path=path)
+        outputs = {
+            int(index): OutputGrams(
+                None, None, None, tokens=entry["tokens"], path=self.directory / entry["file"]
+            )
+            for index, entry in saved["outputs"].items()
+        }
         return Calibration({}, saved["tokens"], saved["sha256"], saved["sources"], outputs)
 
     def calibrated(self, calibration: Calibration) -> None:
@@ -131,7 +182,12 @@ class Journal:
         for index, grams in calibration.outputs.items():
             if grams.path is None or Path(grams.path).parent.resolve() != self.directory.resolve():
                 return  # held in memory: nothing on disk to continue from
-            outputs[str(index)] = {"file": Path(grams.path).name, "tokens": grams.tokens}
+            name = Path(grams.path).name
+            outputs[str(index)] = {
+                "file": name,
+                "tokens": grams.tokens,
+                "sha256": lazy.saved_digest(grams.path),
+            }
         self.state["calibration"] = {**calibration.info, "outputs": outputs}
         self._write()
 
@@ -187,26 +243,22 @@ class Journal:
             int(index): LayerRecord.from_dict(data) for index, data in self.state.get("layers", {}).items()
         }
 
-    def stored(self, record: LayerRecord) -> None:
-        """Record layer ``record.index``, written to its file."""
+    def stored(self, record: LayerRecord, path: Path) -> None:
+        """Record layer ``record.index``, written to ``path`` in the directory (by :func:`lazy.save_atomic`,
+        on disk before it counts), with the digest that file carries."""
         self.state.setdefault("layers", {})[str(record.index)] = asdict(record)
+        self.state.setdefault("layer_files", {})[str(record.index)] = [path.name, lazy.saved_digest(path)]
         self._write()
 
     def restore(self, model: nn.Module, spec: arch.ArchSpec) -> dict[int, LayerRecord]:
-        """Install every recorded layer from its file (low-rank modules of its ranks, read from disk as
-        the layers this run stores are), the distillation's changes undone; the layers' records."""
+        """Install every recorded layer from its file (checked when the journal was opened): low-rank
+        modules of its ranks, read from disk as the layers this run stores are; the layers' records."""
         weights = lazy.of(model)
         layers = arch.decoder_layers(model, spec)
         records = self.layers()
         for index, record in records.items():
-            path = weights.shard(layers[index])
-            before = path.with_name(path.name + distill.BEFORE)
-            if before.is_file() and self.healing() is None:  # distillation stopped: undo its steps
-                os.replace(before, path)
-            before.unlink(missing_ok=True)
-            path.with_name(path.name + distill.ADAMW).unlink(missing_ok=True)
-            if not path.is_file():
-                raise ValueError(f"{path} is missing: delete {self.directory} to start again")
+            if weights.shard(layers[index]).name != self.state["layer_files"][str(index)][0]:
+                raise ValueError(f"{self.directory} was written for another model: delete it to start again")
             lowrank.install(model, spec, index, record.ranks, weights.dtype, "meta")
             weights.adopt(layers[index])
         return records
@@ -216,20 +268,27 @@ class Journal:
     def healing(self) -> dict | None:
         return self.state.get("healing")
 
-    def before_healing(self, model: nn.Module) -> None:
+    def before_healing(self) -> None:
         """Keep each stored layer's file as it is (a hard link beside it) while distillation runs."""
-        for path in lazy.of(model).stored.values():
+        for name, _ in self.state.get("layer_files", {}).values():
+            path = self.directory / name
             before = path.with_name(path.name + distill.BEFORE)
             before.unlink(missing_ok=True)
             os.link(path, before)
 
-    def healed(self, healing: dict, model: nn.Module) -> None:
-        """Record the healing, then drop the layers' copies from before it (a run stopped between the
-        two drops them when it continues: :meth:`restore`)."""
+    def healed(self, healing: dict) -> None:
+        """Record the healing and the digests of the layers' files it changed, then drop the layers'
+        copies from before it (a run stopped between the two drops them when it continues)."""
         self.state["healing"] = healing
+        for entry in self.state.get("layer_files", {}).values():
+            entry[1] = lazy.saved_digest(self.directory / entry[0])
         self._write()
-        for path in lazy.of(model).stored.values():
-            path.with_name(path.name + distill.BEFORE).unlink(missing_ok=True)
+        for name, _ in self.state.get("layer_files", {}).values():
+            (self.directory / (name + distill.BEFORE)).unlink(missing_ok=True)
+
+
+def _layers(indices: list[int]) -> str:
+    return f"layer{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"
 
 
 def _difference(saved: dict, plan: dict) -> str:

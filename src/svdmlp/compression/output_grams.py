@@ -32,7 +32,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors import safe_open
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from svdmlp import arch, lazy
@@ -83,7 +82,7 @@ class OutputGrams:
         for name in arch.PROJECTIONS:
             stored[name] = getattr(self, name).to(SPILL_DTYPE)
             setattr(self, name, None)
-        save_file(stored, path)
+        lazy.save_atomic(stored, path, {})
         self.path = path
 
     def discard(self) -> None:
@@ -313,10 +312,10 @@ def _read_batches(path: Path, device: torch.device) -> Iterator[torch.Tensor]:
 def stopped_at(spill: Path) -> int | None:
     """The next layer a backward sweep stopped in ``spill`` would run back through, or None."""
     path = Path(spill) / GRADIENT_FILE
-    if not path.is_file():
+    if not lazy.intact(path):  # none, or not whole: nothing to continue from
         return None
     with safe_open(path, framework="pt") as handle:
-        return int((handle.metadata() or {}).get("next", -1))
+        return int(lazy.saved_metadata(handle).get("next", -1))
 
 
 def kept(spill: Path) -> str:
@@ -337,15 +336,18 @@ def _stopped_sweep(spill: Path | None, sweep: dict, device) -> tuple[int, list[t
     back through and the gradient at its output (on ``device``); None when there is none to continue
     (then any gradient file left there, of another sweep, is ignored and written over)."""
     path = None if spill is None or not sweep["windows"] else Path(spill) / GRADIENT_FILE
-    if path is None or not path.is_file():
+    if path is None or not lazy.intact(path):
         return None
     with safe_open(path, framework="pt") as handle:
-        metadata = handle.metadata() or {}
+        metadata = lazy.saved_metadata(handle)
         if {key: metadata.get(key) for key in sweep} != sweep:
             return None
         next_layer = int(metadata["next"])
         kept = _LayerInputs(spill)
         if not all(kept.has(index, sweep) for index in range(int(sweep["first"]), next_layer + 1)):
+            return None
+        wanted = [int(index) for index in sweep["wanted"].split(",") if int(index) > next_layer]
+        if not all(lazy.intact(_grams_path(spill, index)) for index in wanted):  # the Grams made so far
             return None
     return next_layer, list(_read_batches(path, device))
 
@@ -377,10 +379,10 @@ class _LayerInputs:
     def has(self, index: int, sweep: dict) -> bool:
         """Whether the inputs of layer ``index`` that ``sweep`` kept are on disk (never for a sweep
         whose windows are not identified)."""
-        if self.spill is None or not sweep["windows"] or not self._path(index).is_file():
+        if self.spill is None or not sweep["windows"] or not lazy.intact(self._path(index)):
             return False
         with safe_open(self._path(index), framework="pt") as handle:
-            return (handle.metadata() or {}) == sweep
+            return lazy.saved_metadata(handle) == sweep
 
     def take(self, index: int, device: torch.device) -> Iterator[torch.Tensor]:
         """The inputs of layer ``index`` on ``device``, batch by batch, each one let go here as it is

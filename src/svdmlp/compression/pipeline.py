@@ -284,9 +284,9 @@ def compress(
 
     def stored(index: int | None) -> None:
         """Layer ``index`` has run on the calibration windows: written to disk, dropped, recorded."""
-        _store(model, layers, index)
+        path = _store(model, layers, index)
         if index is not None and journal is not None:
-            journal.stored(done_by_index[index])
+            journal.stored(done_by_index[index], path)
 
     layer_by_layer = config.sequential or (config.needs_calibration and not grams)
     if layer_by_layer and to_compress:
@@ -344,12 +344,12 @@ def compress(
     if healing is None and teacher is not None:
         clock.switch("healing")
         if journal is not None:
-            journal.before_healing(model)
+            journal.before_healing()
         healing = _heal_by_distillation(
             model, tokenizer, config, teacher, calibration_text, bos, progress, resident_healing
         )
         if journal is not None:
-            journal.healed(healing, model)
+            journal.healed(healing)
         step_done("healing")
     healing = healing or {}
     del teacher  # the dense MLPs it kept
@@ -510,10 +510,10 @@ def _discard(output_grams) -> None:
         output_grams.discard()
 
 
-def _store(model: nn.Module, layers, index: int | None) -> None:
-    """Write compressed layer ``index`` to disk and drop it from memory, when the model lives on disk."""
-    if index is not None:
-        lazy.store(model, layers[index])
+def _store(model: nn.Module, layers, index: int | None) -> Path | None:
+    """Write compressed layer ``index`` to disk and drop it from memory, when the model lives on disk;
+    the file."""
+    return lazy.store(model, layers[index]) if index is not None else None
 
 
 def _heal_by_distillation(

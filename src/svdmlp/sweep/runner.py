@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from svdmlp import arch, checkpoint, lazy, models
-from svdmlp.compression import footprint, output_grams, pipeline
+from svdmlp.compression import footprint, output_grams, pipeline, workspace
 from svdmlp.compression.clock import StepClock
 from svdmlp.compression.journal import JOURNAL_FILE, Journal, resumable
 from svdmlp.compression.quantized_dense import quantize_dense_mlps
@@ -148,6 +148,11 @@ def run_sweep(
 ) -> list[dict]:
     """Compress and score every point not already in ``out/points``; return all points' records."""
     identity = _identity(model_name, texts.names, settings, base, dtype)
+    with workspace.exclusive(out):  # one sweep at a time writes ``out``
+        return _run_sweep(model_name, points, texts, settings, base, out, dtype, device, log, identity)
+
+
+def _run_sweep(model_name, points, texts, settings, base, out, dtype, device, log, identity) -> list[dict]:
     (out / "points").mkdir(parents=True, exist_ok=True)
     # A model on disk keeps the shared output-gradient Grams here, each point's compressed layers in a
     # work directory of its own: memory holds about one layer whatever the number of keeps. Both stay
@@ -206,7 +211,7 @@ def stopped(
 def _identity(model_name, names, settings, base: CompressConfig, dtype) -> dict:
     """What every point's numbers depend on, recorded with each point."""
     return {
-        "model": model_name or models.DEFAULT_MODEL,
+        "model": models.recorded_name(model_name) if model_name else models.DEFAULT_MODEL,
         "texts": list(names),
         "settings": settings.to_dict(),
         "compress": {k: v for k, v in base.to_dict().items() if k not in ("keep", "method", "factor_bits")},
@@ -216,11 +221,11 @@ def _identity(model_name, names, settings, base: CompressConfig, dtype) -> dict:
 
 def _work(out: Path, point: Point) -> Path:
     """A point's compressed layers, and their journal where its compression can continue."""
-    return out / f".{point.name}.work"
+    return workspace.work_directory(out / point.name)
 
 
 def _point_plan(identity: dict, config: CompressConfig) -> dict:
-    return {"model": identity["model"], "config": config.to_dict(), "dtype": identity["dtype"]}
+    return workspace.plan(identity["model"], config, identity["dtype"])
 
 
 def _shared_plan(identity: dict) -> dict:
@@ -317,6 +322,8 @@ def _journal(model, config: CompressConfig, identity: dict, work: Path, log, pre
     if lazy.of(model) is None or not resumable(config):
         return None
     journal = Journal(work, _point_plan(identity, config))
+    for note in journal.notes:
+        log(f"{prefix} {note}")
     if journal.summary():
         log(f"{prefix} continuing from {work}: {journal.summary()} done")
     return journal
