@@ -244,6 +244,24 @@ def test_missing_weights_file_is_refused(model_dir):
     )
 
 
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "weights.pth"])
+def test_a_directory_of_pickled_weights_is_refused_before_anything_loads(model_dir, name, no_weight_loading):
+    """Issue 52, item 7: a pickle can run code as it loads; svdmlp reads safetensors only."""
+    weights = load_file(model_dir / "model.safetensors")
+    (model_dir / "model.safetensors").unlink()
+    torch.save(weights, model_dir / name)
+    for load in (models.load_config, models.load_dense, models.load_lazy):
+        with pytest.raises(ValueError, match=f"holds pickled weights only \\({name}\\), and svdmlp loads"):
+            load(str(model_dir))
+
+
+def test_safetensors_are_loaded_where_a_pickle_lies_beside_them(model_dir):
+    torch.save({"model.embed_tokens.weight": torch.zeros(1)}, model_dir / "pytorch_model.bin")
+    model, _, _ = models.load_dense(str(model_dir))
+    expected = load_file(model_dir / "model.safetensors")["model.embed_tokens.weight"]
+    assert torch.equal(model.model.embed_tokens.weight, expected)
+
+
 @pytest.mark.parametrize("name", ["org/no-such-model", "no-such-model"])
 def test_hub_id_while_offline(offline, name):
     with pytest.raises(ValueError) as error:

@@ -269,6 +269,7 @@ def resolve_model_path(name: str | None) -> str:
     if path.exists():
         if not (path / "config.json").is_file():
             raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
+        _refuse_pickles(path)
         return str(path)
     # A hub id is "name" or "org/name"; anything else shaped like a path is a missing directory.
     if (
@@ -280,6 +281,24 @@ def resolve_model_path(name: str | None) -> str:
     ):
         raise FileNotFoundError(f"model directory {name} does not exist")
     return name
+
+
+# Weights files that are Python pickles: loading one can run any code it holds.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _refuse_pickles(directory: Path) -> None:
+    """Refuse a model directory whose weights are pickles alone, before anything reads them: svdmlp
+    loads safetensors only (``use_safetensors=True`` in every ``from_pretrained`` of weights)."""
+    if any(directory.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
+    if pickles:
+        raise ValueError(
+            f"{directory} holds pickled weights only ({', '.join(pickles[:3])}), and svdmlp loads safetensors "
+            "only (a pickle can run code as it loads): convert the model to safetensors, e.g. "
+            "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW_DIR), and pass NEW_DIR"
+        )
 
 
 def recorded_name(name: str | None) -> str:
@@ -355,7 +374,12 @@ def load_dense(name: str | None, dtype: torch.dtype = torch.float32, device: str
         # ignore_mismatched_sizes: tensors of another shape are listed in the loading info with the
         # missing and unexpected ones (else transformers raises an error that only points at its log).
         model, info = AutoModelForCausalLM.from_pretrained(
-            location, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
+            location,
+            config=config,
+            dtype=dtype,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+            use_safetensors=True,  # never a pickle, from the hub either
         )
     except SafetensorError as err:
         raise ValueError(
