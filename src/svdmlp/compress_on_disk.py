@@ -66,7 +66,7 @@ def compress_to(
     max_memory: float | None = None,
     overwrite: bool = False,
     dtype: torch.dtype = torch.float32,
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
     save_dtype: torch.dtype = torch.bfloat16,
     dry_run: bool = False,
     progress: bool = True,
@@ -90,6 +90,7 @@ def compress_to(
         ValueError: an impossible plan, too little memory or disk, another run holding ``out``, a
             stopped run of another plan there; FileExistsError: ``out`` holds something else.
     """
+    device = torch.device(device)
     shapes = footprint.Shapes.of_config(models.load_config(model)[1])
     if config is None:
         config = CompressConfig.preset(inter=shapes.inter)

@@ -10,6 +10,12 @@ installs the stored layers from their files instead of compressing them again, a
 allocation and healing, once recorded, are not run again. Hours of a big model's run survive a crash, an
 OOM kill or the end of a session.
 
+Every file counts as done only once it is whole on disk: written to a temporary name, synced and renamed
+(:func:`svdmlp.lazy.save_atomic`, which also records a digest of its values in it), then recorded here
+with that digest. A continued run checks each file it would use against its digest before trusting
+it and redoes what fails (:meth:`Journal._check_files`): a kill, a full disk or a damaged file costs
+the work it held, never a wrong factor.
+
 What is redone: a step or layer the journal does not record (a stopped layer is compressed from its
 start; a stopped calibration continues from the layer inputs and gradient its passes left in the
 directory, :func:`svdmlp.compression.output_grams.collect_output_grams`), and distillation, which
