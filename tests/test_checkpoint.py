@@ -207,6 +207,27 @@ def test_save_refuses_a_file_in_the_way(tmp_path):
     assert target.read_text() == "a file"
 
 
+def test_save_refuses_a_mount_point_before_any_work(tmp_path, monkeypatch):
+    """Issue 52, item 9: the finished checkpoint's rename onto a mount point failed with EBUSY."""
+    monkeypatch.setattr(os.path, "ismount", lambda path: Path(path) == tmp_path)
+    with pytest.raises(ValueError, match=f"{tmp_path} is a mount point, which a finished checkpoint cannot"):
+        checkpoint.check_target(tmp_path, overwrite=False)
+
+
+def test_save_refuses_a_parent_it_cannot_write_before_any_work(tmp_path, monkeypatch):
+    """Issue 52, item 9: on a read-only file system the disk check said "0.0 GB free" instead."""
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != readonly and access(path, mode))
+    target = readonly / "not" / "yet" / "ckpt"
+    with pytest.raises(
+        PermissionError, match=f"^cannot write to {readonly} \\(for the checkpoint {target}\\)"
+    ):
+        checkpoint.check_target(target, overwrite=False)
+    checkpoint.check_target(tmp_path / "ckpt", overwrite=False)
+
+
 def test_save_into_an_empty_directory(tokenizer, tmp_path, text_file):
     model, config, report = _compress("llama", tokenizer, text_file)
     target = tmp_path / "empty"

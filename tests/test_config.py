@@ -43,6 +43,13 @@ def test_invalid_configs_name_the_bad_value(kwargs, message):
         CompressConfig(**kwargs)
 
 
+def test_keep_below_the_floor_is_refused():
+    """Issue 52, item 8: keep 1e-9 silently achieved 0.076 (the ranks' floor of one --align block)."""
+    with pytest.raises(ValueError, match="keep 1e-09 is below 0.01: the ranks cannot go under one block"):
+        CompressConfig(keep=1e-9)
+    assert CompressConfig(keep=0.01).keep == 0.01
+
+
 def test_keep_must_be_a_number():
     with pytest.raises(TypeError, match="keep must be a number"):
         CompressConfig(keep="0.8")

@@ -189,8 +189,23 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 
 def check_target(directory: str | os.PathLike, overwrite: bool) -> None:
-    """Raise FileExistsError unless a checkpoint may be written to ``directory``."""
+    """Raise unless a checkpoint may be written to ``directory``, before any work: FileExistsError for
+    something there that may not be replaced, ValueError for a mount point (the finished checkpoint is
+    renamed onto ``directory``, which fails there with EBUSY), PermissionError for a parent directory
+    not writable (a read-only file system: the disk check then read "0.0 GB free")."""
     target = Path(directory).expanduser()
+    if os.path.ismount(target):
+        raise ValueError(
+            f"{target} is a mount point, which a finished checkpoint cannot be renamed onto; "
+            "give a directory inside it"
+        )
+    parent = target.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"cannot write to {parent} (for the checkpoint {target}): choose another output"
+        )
     if not target.exists() or (target.is_dir() and not any(target.iterdir())):
         return
     if not target.is_dir() or not is_checkpoint(target):
@@ -335,6 +350,7 @@ def load(
             "its svdmlp.json and weights disagree (save the checkpoint again)"
         )
     _retie(model, metadata.get("tied", {}))
+    models.check_finite(model, f"checkpoint {directory}")
     model = model.to(device=device).eval()
     lowrank.set_backend(model, backend)
     tokenizer = AutoTokenizer.from_pretrained(directory)

@@ -397,8 +397,19 @@ def load_dense(name: str | None, dtype: torch.dtype = torch.float32, device: str
             f"the weights of {location} do not match the {config.model_type} architecture of its config: "
             f"{problems}; {_mismatch_advice(location, info['unexpected_keys'])}"
         )
+    check_finite(model, location)
     tokenizer = AutoTokenizer.from_pretrained(location)
     return model.to(device).eval(), tokenizer, location
+
+
+def check_finite(model, where) -> None:
+    """Refuse a model whose weights hold NaN or inf (a damaged save, an overflowed conversion): it
+    would score a perplexity of nan and generate noise, each with exit status 0."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ValueError(
+                f"the weights of {where} contain NaN or inf ({name}); restore the model or save it again"
+            )
 
 
 class NotLocal(ValueError):

@@ -98,22 +98,22 @@ def test_every_command_with_a_result_takes_json(capsys):
 
 
 def test_an_os_error_is_one_line_and_exit_2(compressed, tmp_path, capsys, monkeypatch):
-    from svdmlp import checkpoint
+    from svdmlp import checkpoint_record
 
     def unwritable(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(tmp_path / "out"))
 
-    monkeypatch.setattr(checkpoint, "read_metadata", unwritable)
+    monkeypatch.setattr(checkpoint_record, "read_metadata", unwritable)
     assert_cli_error(capsys, "info", ["info", compressed[2]], "Permission denied")
 
 
 def test_a_bug_is_one_line_with_the_way_to_its_traceback(compressed, capsys, monkeypatch):
-    from svdmlp import checkpoint
+    from svdmlp import checkpoint_record
 
     def broken(*args, **kwargs):
         raise TypeError("an argument of the wrong type")
 
-    monkeypatch.setattr(checkpoint, "read_metadata", broken)
+    monkeypatch.setattr(checkpoint_record, "read_metadata", broken)
     monkeypatch.delenv("SVDMLP_TRACEBACK", raising=False)
     code, _, err = run_cli(capsys, "info", compressed[2])
     assert code == 1 and "Traceback" not in err

@@ -135,10 +135,11 @@ def test_bad_task_options_are_one_line_errors(setup, capsys, tmp_path):
         code == 2
         and err.strip() == f"svdmlp eval: error: --include-path {tmp_path / 'none'} is not a directory"
     )
-    code, _, err = run_cli(
-        capsys, "eval", model_dir, "--tasks", "tiny_mc", "--include-path", task_dir, "--limit", "0"
-    )
-    assert code == 2 and err.strip() == "svdmlp eval: error: limit must be >= 1, got 0"
+    with pytest.raises(SystemExit) as exit_info:  # a usage error, before the model loads
+        run_cli(capsys, "eval", model_dir, "--tasks", "tiny_mc", "--include-path", task_dir, "--limit", "0")
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.strip().endswith("svdmlp eval: error: argument --limit: expected an integer >= 1, got 0")
 
 
 def test_eval_checkpoint_against_its_dense_base(compressed, capsys):

@@ -78,19 +78,43 @@ def test_top_k_one_prints_the_greedy_text(model_dir, capsys):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
-        (["--top-k", "0"], "top_k must be >= 1"),
-        (["--engine", "hf", "--compile"], "--engine hf has none"),
+        (["--top-p", "1.5"], "argument --top-p: expected a number in (0, 1], got 1.5"),
+        (["--top-p", "nan"], "argument --top-p: expected a finite number, got 'nan'"),
+        (["--top-k", "0"], "argument --top-k: expected an integer >= 1, got 0"),
+        (["--temperature", "-1"], "argument --temperature: expected a number >= 0, got -1"),
+        (["--temperature", "inf"], "argument --temperature: expected a finite number, got 'inf'"),
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer >= 1, got 0"),
     ],
 )
-def test_bad_sampling_flags_exit_2(model_dir, capsys, flags, message):
-    code, _, err = run_cli(capsys, "generate", model_dir, "--prompt", "x", *flags)
-    assert code == 2 and message in err and "Traceback" not in err
+def test_bad_numbers_are_usage_errors_before_the_model_loads(capsys, flags, message):
+    """Issue 52, item 9: once checked only after the model had loaded (--temperature inf was taken)."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(capsys, "generate", "/nonexistent/model", "--prompt", "x", *flags)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and "Traceback" not in err
 
 
-def test_prompt_too_long_for_the_model_exits_2(model_dir, capsys):
-    code, _, err = run_cli(capsys, "generate", model_dir, "--prompt", "x", "--max-new-tokens", "300")
-    assert code == 2 and "exceeds the cache limit of 256" in err
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_prompt_too_long_for_the_model_exits_2(model_dir, capsys, engine):
+    """Issue 52, item 8: --engine hf once generated past the model's 256 positions, with exit 0."""
+    argv = ["generate", model_dir, "--prompt", "x", "--max-new-tokens", "300", "--engine", engine]
+    assert_cli_error(
+        capsys, "generate", argv, "prompt of 1 tokens + 300 new tokens exceeds the model's context of 256"
+    )
+    argv[argv.index("300")] = "1000000000"
+    assert_cli_error(capsys, "generate", argv, "+ 1000000000 new tokens exceeds")
+
+
+@pytest.mark.parametrize("engine", ["fast", "hf"])
+def test_an_empty_prompt_exits_2(model_dir, capsys, engine):
+    """Issue 52, item 6: --engine hf crashed on it (an internal error, exit 1)."""
+    argv = ["generate", model_dir, "--prompt", "", "--engine", engine]
+    assert_cli_error(capsys, "generate", argv, "the prompt is empty")
+
+
+def test_compile_with_the_hf_engine_exits_2(model_dir, capsys):
+    argv = ["generate", model_dir, "--prompt", "x", "--engine", "hf", "--compile"]
+    assert_cli_error(capsys, "generate", argv, "--engine hf has none")
 
 
 def test_generate_is_greedy_and_repeatable(compressed, capsys):
@@ -103,18 +127,6 @@ def test_generate_is_greedy_and_repeatable(compressed, capsys):
 
 def test_generate_input_errors(compressed, capsys):
     _, _, ckpt = compressed
-    assert_cli_error(
-        capsys,
-        "generate",
-        ["generate", ckpt, "--prompt", "x", "--max-new-tokens", "0"],
-        "--max-new-tokens must be >= 1, got 0",
-    )
-    assert_cli_error(
-        capsys,
-        "generate",
-        ["generate", ckpt, "--prompt", "x", "--temperature", "-1"],
-        "--temperature must be >= 0",
-    )
     assert_cli_error(
         capsys, "generate", ["generate", ckpt, "--prompt", "x", "--chat"], "tokenizer has no chat template"
     )

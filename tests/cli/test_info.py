@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from conftest import assert_cli_error, run_cli
 from svdmlp import checkpoint
@@ -38,3 +40,14 @@ def test_json_through_a_link_and_never_over_a_directory(compressed, tmp_path, ca
     assert_cli_error(
         capsys, "info", ["info", compressed[2], "--json", tmp_path], "is a directory; name a file"
     )
+
+
+def test_info_reads_the_record_without_torch(compressed):
+    """Issue 52, item 9: svdmlp info took 9 s of its 11 importing torch and transformers."""
+    code = (
+        "import sys; from svdmlp.cli import main; "
+        f"assert main(['info', {str(compressed[2])!r}]) == 0; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -94,3 +94,31 @@ def test_the_model_help_names_every_built_in_model_default_first():
 
     assert set(options.BUILT_IN_MODELS) == set(models.PACKAGED)
     assert options.BUILT_IN_MODELS[0] == models.DEFAULT_MODEL
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "message"),
+    [
+        (options.positive_float, "nan", "expected a finite number, got 'nan'"),
+        (options.positive_float, "inf", "expected a finite number, got 'inf'"),
+        (options.positive_float, "-1", "expected a number > 0, got -1"),
+        (options.positive_float, "0", "expected a number > 0, got 0"),
+        (options.positive_int, "0", "expected an integer >= 1, got 0"),
+        (options.positive_int, "1.5", "expected an integer, got '1.5'"),
+        (options.nonnegative_float, "-0.5", "expected a number >= 0, got -0.5"),
+        (options.probability, "0", "expected a number in (0, 1], got 0"),
+        (options.keep_fraction, "1e-9", "keep 1e-09 is below 0.01"),
+        (options.keep_fraction, "1.5", "keep must be in (0, 1]"),
+    ],
+)
+def test_numbers_are_refused_as_they_are_parsed(kind, text, message):
+    """Issue 52, items 8 and 9: --max-memory nan, --temperature inf and keep 1e-9 were taken."""
+    with pytest.raises(argparse.ArgumentTypeError) as error:
+        kind(text)
+    assert str(error.value).startswith(message)
+
+
+def test_numbers_in_range_pass():
+    assert options.positive_float("1e-9") == 1e-9 and options.positive_int("7") == 7
+    assert options.nonnegative_float("0") == 0 and options.probability("1") == 1
+    assert options.keep_fraction("0.01") == 0.01

@@ -92,8 +92,10 @@ def test_missing_file(tmp_path):
 
 
 def test_directory_is_not_a_text_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        corpora.read_text(str(tmp_path))
+    """Issue 52, item 9: a directory was reported as missing."""
+    for check in (corpora.read_text, corpora.check_source):
+        with pytest.raises(IsADirectoryError, match=f"text file {tmp_path} is a directory; name a UTF-8"):
+            check(str(tmp_path))
 
 
 def test_non_utf8_file(tmp_path):

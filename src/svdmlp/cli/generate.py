@@ -15,22 +15,27 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)"
     )
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument(
+        "--max-new-tokens",
+        type=options.positive_int,
+        default=64,
+        help="at most this many tokens (default 64; prompt and new tokens within the model's context)",
+    )
     p.add_argument(
         "--temperature",
-        type=float,
+        type=options.nonnegative_float,
         default=None,
         help="0 means greedy (default: as the model's generation config says, greedy if it says nothing)",
     )
     p.add_argument(
         "--top-k",
-        type=int,
+        type=options.positive_int,
         default=None,
         help="sample among the k most likely tokens (default: as the model's)",
     )
     p.add_argument(
         "--top-p",
-        type=float,
+        type=options.probability,
         default=None,
         help="sample from the top-p probability mass (default: as the model's)",
     )
@@ -52,13 +57,10 @@ def run(args: argparse.Namespace) -> options.Outcome:
     """Continue one prompt, streaming tokens as they come (``--engine hf``: Hugging Face ``generate``)."""
     from svdmlp import checkpoint
     from svdmlp.engine import Engine
+    from svdmlp.engine.engine import check_room, context_length
     from svdmlp.engine.prompt import encode
     from svdmlp.engine.stream import TextStream
 
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature is not None and args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
     mode = options.compile_mode(args)
     if mode is not None and args.engine == "hf":
         raise ValueError("--compile compiles the fast engine's decode step; --engine hf has none")
@@ -66,6 +68,14 @@ def run(args: argparse.Namespace) -> options.Outcome:
     model, tokenizer, _ = checkpoint.load_any(args.target, args.backend, dtype, device)
     sampling, said = _sampling(args, getattr(model, "generation_config", None))
     prompt = encode(model, tokenizer, args.prompt, chat=args.chat)
+    # Either engine's limit (the fast one's cache is as long as the context), before anything is printed.
+    check_room(
+        len(prompt),
+        args.max_new_tokens,
+        context_length(model),
+        "the model's context",
+        "max_position_embeddings",
+    )
     print(f"svdmlp: sampling {said}", file=sys.stderr, flush=True)
     stream = TextStream(tokenizer, lambda text: print(text, end="", flush=True))
     if args.engine == "hf":

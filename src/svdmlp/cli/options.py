@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,14 @@ from pathlib import Path
 
 from svdmlp.arch import BOS_MODES
 from svdmlp.backends import BACKENDS
-from svdmlp.config import CALIB_TOKENS_PER_WIDTH, EFFORTS, CalibrationSpec, Effort, LoraSpec
+from svdmlp.config import (
+    CALIB_TOKENS_PER_WIDTH,
+    EFFORTS,
+    CalibrationSpec,
+    Effort,
+    LoraSpec,
+    checked_keep,
+)
 from svdmlp.paths import write_output
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -39,6 +47,62 @@ def comma_list(kind: Callable[[str], object] = str) -> Callable[[str], tuple]:
             raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
 
     return parse
+
+
+# --- numbers checked as they are parsed: a usage error (exit 2) before anything loads ---------------
+
+
+def _number(text: str, kind: type) -> float:
+    """``text`` as an int or a finite float; an argparse usage error otherwise (nan, inf, words)."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (counts, lengths, sizes)."""
+    value = _number(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (a memory budget in GB: nan, inf or -1 are refused)."""
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value:g}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0 (a temperature)."""
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value:g}")
+    return value
+
+
+def probability(text: str) -> float:
+    """An argparse type: a number in (0, 1] (top-p)."""
+    value = _number(text, float)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value:g}")
+    return value
+
+
+def keep_fraction(text: str) -> float:
+    """An argparse type: a keep that :func:`svdmlp.config.checked_keep` accepts (in [MIN_KEEP, 1])."""
+    try:
+        return checked_keep(_number(text, float))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 class Extend(argparse.Action):
@@ -111,7 +175,9 @@ def add_effort(parser: argparse.ArgumentParser) -> None:
 
 def add_align(parser: argparse.ArgumentParser) -> None:
     """``--align``: rank alignment (``compress`` and ``sweep``)."""
-    parser.add_argument("--align", type=int, default=32, help="ranks are multiples of this (default 32)")
+    parser.add_argument(
+        "--align", type=positive_int, default=32, help="ranks are multiples of this (default 32)"
+    )
 
 
 def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32, what: str = "") -> None:
@@ -127,7 +193,7 @@ def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32, w
     )
     parser.add_argument(
         "--calib-samples",
-        type=int,
+        type=positive_int,
         default=samples,
         help=f"calibration windows (default {samples})"
         if samples is not None
@@ -136,7 +202,7 @@ def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32, w
         "32; Qwen2.5-Coder-0.5B 128, Qwen2.5-Coder-1.5B 224)",
     )
     parser.add_argument(
-        "--calib-seq-len", type=int, default=512, help="tokens per calibration window (default 512)"
+        "--calib-seq-len", type=positive_int, default=512, help="tokens per calibration window (default 512)"
     )
 
 
@@ -156,25 +222,25 @@ def add_lora(parser: argparse.ArgumentParser, steps: int | None = LoraSpec.steps
     ``--heal-steps``' default (None: set later, by ``--effort``)."""
     parser.add_argument(
         "--heal-steps",
-        type=int,
+        type=positive_int,
         default=steps,
         help=f"lora: training steps (default {steps if steps is not None else 'as --effort says'})",
     )
     parser.add_argument(
         "--heal-relative-lr",
-        type=float,
+        type=positive_float,
         default=LoraSpec.relative_lr,
         help="lora: each factor's peak learning rate as a fraction of its RMS (default %(default)s)",
     )
     parser.add_argument(
         "--heal-lr",
-        type=float,
+        type=positive_float,
         default=LoraSpec.lr,
         help="lora: one fixed peak learning rate for every factor instead (default: each its own)",
     )
     parser.add_argument(
         "--heal-seq-len",
-        type=int,
+        type=positive_int,
         default=LoraSpec.seq_len,
         help="lora: tokens per step (default %(default)s)",
     )
@@ -209,12 +275,15 @@ def add_perplexity(parser: argparse.ArgumentParser, default_texts: str) -> None:
         help="local copy of a --dataset, e.g. wikitext2=test.parquet",
     )
     parser.add_argument(
-        "--seq-len", type=int, default=2048, help="tokens per window (default 2048, as in the literature)"
+        "--seq-len",
+        type=positive_int,
+        default=2048,
+        help="tokens per window (default 2048, as in the literature)",
     )
     parser.add_argument(
-        "--max-windows", type=int, default=None, help="score only the first N windows of each text"
+        "--max-windows", type=positive_int, default=None, help="score only the first N windows of each text"
     )
-    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--batch-size", type=positive_int, default=1)
     parser.add_argument(
         "--bos",
         choices=BOS_MODES,
@@ -237,7 +306,9 @@ def add_tasks(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--include-path", default=None, metavar="DIR", help="folder of extra lm-eval task YAMLs (local tasks)"
     )
-    parser.add_argument("--limit", type=int, default=None, help="score only the first N documents per task")
+    parser.add_argument(
+        "--limit", type=positive_int, default=None, help="score only the first N documents per task"
+    )
     parser.add_argument(
         "--seed", type=int, default=0, help="seeds lm-eval (and a sweep's calibration; default 0)"
     )

@@ -97,7 +97,7 @@ def documents(source: str, tokenizer=None) -> list[str]:
     """The documents of a built-in source (see ``BUILTIN``), or a UTF-8 file as one document.
 
     Raises:
-        FileNotFoundError: for a path that does not exist.
+        FileNotFoundError: for a path that does not exist (IsADirectoryError: a directory).
         ValueError: for an empty or undecodable file, or ``chat`` without a tokenizer.
     """
     if source == SELF:
@@ -121,6 +121,8 @@ def check_source(source: str) -> None:
 
 def _read_file(source: str) -> str:
     path = Path(source).expanduser()
+    if path.is_dir():
+        raise IsADirectoryError(f"text file {source} is a directory; name a UTF-8 text file")
     if not path.is_file():
         known = ", ".join(BUILTIN)
         raise FileNotFoundError(f"text file {source} does not exist (built-in sources: {known})")

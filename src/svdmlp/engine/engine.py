@@ -115,6 +115,21 @@ class _Collector:
         return all(self.done)
 
 
+def context_length(model: torch.nn.Module) -> int:
+    """The most positions the model was made for (its ``max_position_embeddings``): the longest prompt
+    and new tokens it generates, the longest window it scores."""
+    return model.config.get_text_config(decoder=True).max_position_embeddings
+
+
+def check_room(width: int, max_new_tokens: int, limit: int, name: str, field: str) -> None:
+    """Refuse, before any token is generated, a prompt of ``width`` tokens whose ``max_new_tokens``
+    would run past ``limit`` positions (``name`` and ``field`` say which limit)."""
+    if width + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt of {width} tokens + {max_new_tokens} new tokens exceeds {name} of {limit} tokens ({field})"
+        )
+
+
 class Engine:
     """Generate with a causal LM over a static KV cache, graph-captured decode steps on CUDA.
 
@@ -148,7 +163,7 @@ class Engine:
         if not 1 <= max_batch <= MAX_BATCH:
             raise ValueError(f"max_batch must be in [1, {MAX_BATCH}], got {max_batch}")
         self.max_batch = max_batch
-        self.max_seq_len = text.max_position_embeddings if max_seq_len is None else max_seq_len
+        self.max_seq_len = context_length(model) if max_seq_len is None else max_seq_len
         if self.max_seq_len < 2:
             raise ValueError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -190,11 +205,7 @@ class Engine:
         if bad:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab})")
         width = max((len(p) for p in prompts), default=0)
-        if width + max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"prompt of {width} tokens + {max_new_tokens} new tokens exceeds the cache limit of "
-                f"{self.max_seq_len} tokens (max_seq_len)"
-            )
+        check_room(width, max_new_tokens, self.max_seq_len, "the cache limit", "max_seq_len")
         batch = left_pad(prompts, self.device)
         cache_len = min(self.max_seq_len, -(-(width + max_new_tokens) // CACHE_QUANTUM) * CACHE_QUANTUM)
         session = self._session_for(batch.size, cache_len)

@@ -22,4 +22,6 @@ def encode(model, tokenizer, text: str, chat: bool = False) -> list[int]:
     bos = arch.bos_token_id(arch.of_model(model), tokenizer)
     if bos is not None and ids[:1] != [bos]:
         ids.insert(0, bos)
+    if not ids:  # nothing for the model to continue from
+        raise ValueError("the prompt is empty: it encodes to no token; give some text")
     return ids

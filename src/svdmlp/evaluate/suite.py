@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from svdmlp import arch
+from svdmlp.engine.engine import context_length
 from svdmlp.evaluate import harness, perplexity
 from svdmlp.versions import installed_versions
 
@@ -93,6 +94,8 @@ def score(model, tokenizer, texts: list[tuple[str, str]], settings: EvalSettings
     """``{"perplexity": {text: ppl}, "tasks": {task: TaskResult dict}, "bos": {...}}`` for one model;
     ``bos`` records the BOS id each sequence started with and the model's convention (None: none)."""
     bos, convention = settings.bos_tokens(model, tokenizer)
+    if texts:
+        check_window(model, settings.seq_len + (bos is not None), bos is not None)
     ppl = {}
     for name, text in texts:
         windows = perplexity.text_windows(tokenizer, text, settings.seq_len, settings.max_windows)
@@ -112,6 +115,19 @@ def score(model, tokenizer, texts: list[tuple[str, str]], settings: EvalSettings
         )
         tasks = {r.name: r.to_dict() for r in results}
     return {"perplexity": ppl, "tasks": tasks, "bos": {"token_id": bos, "convention": convention}}
+
+
+def check_window(model, positions: int, with_bos: bool) -> None:
+    """Refuse windows longer than the model's context before scoring any: past it the positions are
+    ones the model never saw (a perplexity that means nothing), and a window of 100,000 tokens held
+    the CPU for minutes in one attention call that no signal interrupts."""
+    limit = context_length(model)
+    if positions > limit:
+        lead = " and its BOS token" if with_bos else ""
+        raise ValueError(
+            f"a window of {positions - with_bos} tokens{lead} is longer than the model's context of {limit} "
+            f"positions (max_position_embeddings): give --seq-len {limit - with_bos} or less"
+        )
 
 
 def ratios_to_dense(dense: dict[str, float], compressed: dict[str, float]) -> dict:
