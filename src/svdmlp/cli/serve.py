@@ -23,7 +23,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "plugin runs its MLPs low-rank). Options after --vllm go to vLLM's server as they are, e.g. "
         "--vllm --max-model-len 4096 --enforce-eager. Needs vLLM in this environment: make serve-env.",
     )
-    p.add_argument("directory", help="an svdmlp checkpoint (format 4)")
+    p.add_argument("directory", help="an svdmlp checkpoint (format 4 or later)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
     p.add_argument(
