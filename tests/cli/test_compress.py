@@ -77,13 +77,31 @@ def test_compress_overwrite(compressed, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--keep", "1.5"], "argument --keep: keep must be in"),
+        (["--keep", "0"], "argument --keep: keep must be in"),
+        (["--keep", "1e-9"], "argument --keep: keep 1e-09 is below 0.01"),  # once silently 0.076
+        (["--align", "0"], "argument --align: expected an integer >= 1, got 0"),
+        (["--calib-samples", "0"], "argument --calib-samples: expected an integer >= 1, got 0"),
+        (["--heal-steps", "0"], "argument --heal-steps: expected an integer >= 1, got 0"),
+        (["--max-memory", "nan"], "argument --max-memory:"),  # once it disabled the memory check
+        (["--max-memory", "-1"], "argument --max-memory: expected a number > 0"),
+    ],
+)
+def test_bad_numbers_are_usage_errors_before_any_work(tmp_path, capsys, options, message):
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(capsys, "compress", "/nonexistent/model", "--out", tmp_path / "out", *options)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
     ("options", "phrases"),
     [
-        (["--keep", "1.5"], ["keep must be in (0, 1]", "got 1.5"]),
-        (["--keep", "0"], ["keep must be in (0, 1]", "got 0.0"]),
-        (["--keep", "0.5", "--align", "0"], ["align must be an integer >= 1, got 0"]),
         (["--keep", "0.5", "--align", "64"], ["align 64 leaves no room for a rank", "use a smaller align"]),
-        (["--keep", "0.5", "--calib-samples", "0"], ["num_samples must be >= 1"]),
+        (["--keep", "0.02"], ["keep 0.02 is far below what one block of 8 ranks keeps", "smaller --align"]),
         (["--keep", "0.5", "--targets", "gate,sideways"], ["targets must be distinct names"]),
         (["--keep", "0.5", "--layers", "7"], ["layers [7] do not exist: the model has 2 decoder layers"]),
     ],

@@ -5,6 +5,8 @@ from conftest import ARCH_CONFIGS, SAMPLE_TEXT, count_calls, tiny_model
 from svdmlp import arch, runtime
 from svdmlp.compression import decompose, pipeline
 from svdmlp.compression.calibration import collect_grams, mixture_windows, token_windows, tokens_hash
+from svdmlp.compression.steps.calibration import collect_shared
+from svdmlp.compression.steps.context import probe_shape
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
 
@@ -197,8 +199,8 @@ def test_allocation_and_healing_work_with_any_mixture(tokenizer, tmp_path):
     report = pipeline.compress(tiny_model("llama"), tokenizer, config, progress=False)
     assert sorted(report.healing["kl_by_source"]) == sorted(str(p) for p in sources)
     assert report.allocation
-    assert pipeline.probe_shape(3, 512) == (3, 170) and pipeline.probe_shape(1, 512) == (2, 256)
-    assert pipeline.probe_shape(12, 512) == (12, 64) and pipeline.probe_shape(2, 32) == (2, 32)
+    assert probe_shape(3, 512) == (3, 170) and probe_shape(1, 512) == (2, 256)
+    assert probe_shape(12, 512) == (12, 64) and probe_shape(2, 32) == (2, 32)
 
 
 @pytest.mark.parametrize(
@@ -223,7 +225,7 @@ def test_fisher_weights_every_factorisation_by_the_dense_output_gradients(tokeni
 
 
 def test_a_shared_calibration_without_output_grams_is_refused_for_fisher(tokenizer):
-    calibration = pipeline.collect_calibration(
+    calibration = collect_shared(
         tiny_model("llama"),
         tokenizer,
         CompressConfig(align=8, calibration=CALIB),

@@ -11,9 +11,18 @@ from conftest import SAMPLE_TEXT, count_calls, save_tiny_llama, tiny_model
 from svdmlp import models
 from svdmlp.compression import decompose, factorise, pipeline, sensitivity
 from svdmlp.compression.journal import Journal
+from svdmlp.compression.steps.allocation import measure_shared
+from svdmlp.compression.steps.calibration import collect_shared
 from svdmlp.config import CalibrationSpec, CompressConfig
 
 PLAN = {"model": "tiny"}
+
+
+def _measure_shared(model, tokenizer, configs, journals, grams=None):
+    """:func:`measure_shared` into ``journals``, as the sweep's runner calls it."""
+    recorded = [journal.sensitivities() for journal in journals]
+    on_measured = [journal.measured for journal in journals]
+    measure_shared(model, tokenizer, configs, recorded, on_measured, grams, progress=False)
 
 
 def _config(keep: float) -> CompressConfig:
@@ -21,9 +30,7 @@ def _config(keep: float) -> CompressConfig:
 
 
 def test_precomputed_calibration_matches_a_full_compress(tokenizer, monkeypatch):
-    calibration = pipeline.collect_calibration(
-        tiny_model("llama"), tokenizer, _config(0.9), SAMPLE_TEXT, progress=False
-    )
+    calibration = collect_shared(tiny_model("llama"), tokenizer, _config(0.9), SAMPLE_TEXT, progress=False)
     for keep in (0.7, 0.5):
         fresh, shared = tiny_model("llama"), tiny_model("llama")
         expected = pipeline.compress(fresh, tokenizer, _config(keep), SAMPLE_TEXT, progress=False)
@@ -41,9 +48,7 @@ def test_precomputed_calibration_matches_a_full_compress(tokenizer, monkeypatch)
 
 def test_calibration_missing_a_layer_is_an_error(tokenizer):
     config = CompressConfig(keep=0.5, align=8, calibration=CalibrationSpec("unused", 4, 32), layers=(1,))
-    calibration = pipeline.collect_calibration(
-        tiny_model("llama"), tokenizer, config, SAMPLE_TEXT, progress=False
-    )
+    calibration = collect_shared(tiny_model("llama"), tokenizer, config, SAMPLE_TEXT, progress=False)
     with pytest.raises(ValueError, match=r"the calibration given has no Grams for layers \[0\]"):
         pipeline.compress(
             tiny_model("llama"), tokenizer, _config(0.5), progress=False, calibration=calibration
@@ -74,9 +79,7 @@ def test_sensitivities_measured_once_for_several_keeps_equal_each_keeps_own(
     alone = [pipeline.compress(load(f"alone{c.keep}"), tokenizer, c, progress=False) for c in configs]
     model = load("shared")
     (tmp_path / "grams").mkdir()
-    grams = pipeline.collect_calibration(
-        model, tokenizer, configs[0], progress=False, spill=tmp_path / "grams"
-    )
+    grams = collect_shared(model, tokenizer, configs[0], progress=False, spill=tmp_path / "grams")
     journals = [Journal(tmp_path / f"journal{c.keep}", PLAN) for c in configs]
     divergence = sensitivity.Probe.divergence
 
@@ -87,12 +90,12 @@ def test_sensitivities_measured_once_for_several_keeps_equal_each_keeps_own(
 
     monkeypatch.setattr(sensitivity.Probe, "divergence", stopped)
     with pytest.raises(KeyboardInterrupt):
-        pipeline.measure_sensitivities(model, tokenizer, configs, journals, grams, progress=False)
+        _measure_shared(model, tokenizer, configs, journals, grams)
     assert [sorted(Journal(j.directory, PLAN).sensitivities()) for j in journals] == [[0], [0]]
     monkeypatch.undo()
     decompositions = count_calls(monkeypatch, factorise, "decomposition")
     probes = count_calls(monkeypatch, sensitivity.Probe, "divergence")
-    pipeline.measure_sensitivities(model, tokenizer, configs, journals, grams, progress=False)
+    _measure_shared(model, tokenizer, configs, journals, grams)
     assert (len(decompositions), len(probes)) == (3, 2)  # layer 1's, once for both keeps; a probe each
     monkeypatch.undo()
     for config, journal, expected in zip(configs, journals, alone, strict=True):
@@ -119,7 +122,7 @@ def test_only_one_plan_at_several_keeps_shares_its_sensitivities(tokenizer, tmp_
     for other in (replace(budget, align=16, keep=0.5), replace(budget, allocation="uniform")):
         configs = [replace(budget, allocation=other.allocation), other]
         with pytest.raises(ValueError, match="budget allocations of one plan at different keeps"):
-            pipeline.measure_sensitivities(tiny_model("llama"), tokenizer, configs, journals, progress=False)
+            _measure_shared(tiny_model("llama"), tokenizer, configs, journals)
     four = [replace(budget, keep=keep) for keep in (0.9, 0.8, 0.7, 0.6)]
     with pytest.raises(ValueError, match="at most 3 keeps' sensitivities are measured at once, got 4"):
-        pipeline.measure_sensitivities(tiny_model("llama"), tokenizer, four, journals * 2, progress=False)
+        _measure_shared(tiny_model("llama"), tokenizer, four, journals * 2)

@@ -8,6 +8,7 @@ from conftest import SAMPLE_TEXT, tiny_model
 from svdmlp import arch, lowrank
 from svdmlp.backends import torch_ref
 from svdmlp.compression import calibration, pipeline, quantized_factors, sequential
+from svdmlp.compression.steps.quantization import quantize_checkpoint
 from svdmlp.config import CalibrationSpec, CompressConfig
 from svdmlp.int_weights import SCHEMES
 
@@ -82,8 +83,8 @@ def test_a_checkpoints_factors_are_quantized_on_the_windows_it_was_compressed_wi
     model, windows = _compressed(tokenizer)
     config = CompressConfig(keep=0.5, align=8, calibration=CALIB, method="whiten", factor_bits=4)
     with pytest.raises(ValueError, match="nothing to quantize"):
-        pipeline.quantize_factors(model, tokenizer, CompressConfig(factor_bits=16))
+        quantize_checkpoint(model, tokenizer, CompressConfig(factor_bits=16))
     selfish = CompressConfig(calibration=CalibrationSpec("self"), factor_bits=4)
     with pytest.raises(ValueError, match="only the dense model can draw"):
-        pipeline.quantize_factors(model, tokenizer, selfish)
+        quantize_checkpoint(model, tokenizer, selfish)
     assert config.needs_calibration and windows.shape[0] == CALIB.num_samples

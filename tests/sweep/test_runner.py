@@ -19,6 +19,8 @@ from conftest import (
 )
 from svdmlp.cli import main
 from svdmlp.compression import factorise, output_grams, pipeline
+from svdmlp.compression.steps import calibration as calibration_step
+from svdmlp.compression.steps import quantization
 from svdmlp.evaluate import harness, tasks
 
 RECORDS = [
@@ -48,7 +50,7 @@ def test_a_dry_run_predicts_the_compressions_and_writes_nothing(setup, capsys):
 
 def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, capsys):
     argv, out = setup
-    calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
+    calibrations = count_calls(monkeypatch, calibration_step, "collect_shared")
     assert main(argv) == 0
     assert capsys.readouterr().err.startswith("svdmlp: predicted: peak memory ")  # before any work
     # The model is on disk: each keep makes its input Grams one layer at a time, nothing is shared.
@@ -122,7 +124,7 @@ def test_recipes_compare_methods_at_equal_parameters(tmp_path, tokenizer, monkey
     out = tmp_path / "out"
     recipes = "whiten+sequential+closed-form,whiten+lora,whiten+sequential"
     argv = tiny_sweep_argv(model_dir, text, out, "0.5", recipes) + ["--heal-steps", "2"]
-    calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
+    calibrations = count_calls(monkeypatch, calibration_step, "collect_shared")
     assert main(argv) == 0
     assert len(calibrations) == 0  # the model is on disk: no input Grams are shared
     records = {p.stem: json.loads(p.read_text()) for p in (out / "points").iterdir()}
@@ -168,7 +170,7 @@ def test_a_sweep_shares_the_output_gradient_grams_through_disk(tmp_path, tokeniz
     text = tmp_path / "text.txt"
     text.write_text(SAMPLE_TEXT, encoding="utf-8")
     out = tmp_path / "out"
-    calibrations = count_calls(monkeypatch, pipeline, "collect_calibration")
+    calibrations = count_calls(monkeypatch, calibration_step, "collect_shared")
     assert main(tiny_sweep_argv(model_dir, text, out, "0.8,0.5", "fisher")) == 0
     assert len(calibrations) == 1  # made once, read from disk by both keeps
     records = {p.stem: json.loads(p.read_text()) for p in (out / "points").iterdir()}
@@ -189,7 +191,7 @@ def test_quantized_baselines_and_factors_are_points_at_their_bytes(tmp_path, tok
     argv = tiny_sweep_argv(model_dir, text, out, "0.5", "whiten") + ["--text", str(other)]
     argv += ["--quantize", "int8,int4-gptq", "--factor-bits", "16,8,4"]
     compresses = count_calls(monkeypatch, pipeline, "compress")
-    quantizations = count_calls(monkeypatch, pipeline, "quantize_factors")
+    quantizations = count_calls(monkeypatch, quantization, "quantize_checkpoint")
     assert main(argv) == 0
     assert "(quantizing not counted)" in capsys.readouterr().err
     assert len(compresses) == 1 and len(quantizations) == 2  # one compression serves every width
@@ -273,16 +275,16 @@ def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, toke
                 raise KeyboardInterrupt
         return layer(model, spec, index, *args, **kwargs)
 
-    collect = pipeline.collect_calibration
+    collect = calibration_step.collect_shared
 
     def stopped_calibrating(model, tokenizer, config, *args, spill, **kwargs):
         collect(model, tokenizer, config, *args, spill=spill, **kwargs)  # its Grams spilled, not recorded
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pipeline, "collect_calibration", stopped_calibrating)
+    monkeypatch.setattr(calibration_step, "collect_shared", stopped_calibrating)
     assert main(argv) == 130
     assert not (out / ".calibration").exists()  # nothing a rerun could use
-    monkeypatch.setattr(pipeline, "collect_calibration", collect)
+    monkeypatch.setattr(calibration_step, "collect_shared", collect)
     monkeypatch.setattr(factorise, "layer", stopped)
     assert main(argv) == 130
     work = out / f".{recipe}-keep0.5.work"
@@ -296,7 +298,7 @@ def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, toke
     assert code == 2 and "holds a stopped compression of another plan" in err  # refused before any work
     assert (work / "progress.json").is_file()
 
-    calibrations, resumed = count_calls(monkeypatch, pipeline, "collect_calibration"), []
+    calibrations, resumed = count_calls(monkeypatch, calibration_step, "collect_shared"), []
     monkeypatch.setattr(factorise, "layer", lambda *a, **k: resumed.append(a[2]) or layer(*a, **k))
     assert main(argv) == 0
     assert f"continuing from {work}: allocation, 1 compressed layers done" in capsys.readouterr().out

@@ -16,6 +16,7 @@ from svdmlp import models
 from svdmlp.bench import e2e
 from svdmlp.cli import main
 from svdmlp.compression import pipeline
+from svdmlp.compression.steps import calibration as calibration_step
 from svdmlp.sweep import markdown as report
 from svdmlp.sweep import speed
 from svdmlp.tables import format_cell
@@ -55,7 +56,10 @@ def records(out) -> list[dict]:
 def test_rerun_with_bench_adds_speed_vs_quality_without_recomputing(finished, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     work = [count_calls(monkeypatch, models, "load_dense")]
-    work += [count_calls(monkeypatch, pipeline, name) for name in ("compress", "collect_calibration")]
+    work += [
+        count_calls(monkeypatch, pipeline, "compress"),
+        count_calls(monkeypatch, calibration_step, "collect_shared"),
+    ]
     (finished.out / report.SPEED_PLOT).unlink(missing_ok=True)
     capsys.readouterr()
     assert main([*finished.argv, "--bench", str(finished.bench)]) == 0

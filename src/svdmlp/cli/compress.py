@@ -12,7 +12,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("compress", help="factorise a model's MLPs and save a checkpoint")
     p.add_argument("model", nargs="?", default=None, help=options.MODEL_HELP)
     p.add_argument(
-        "--keep", type=float, default=0.8, help="fraction of MLP parameters kept, in (0, 1] (default 0.8)"
+        "--keep",
+        type=options.keep_fraction,
+        default=0.8,
+        help="fraction of MLP parameters kept, in [0.01, 1] (default 0.8)",
     )
     p.add_argument(
         "--method",
@@ -80,7 +83,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-memory",
-        type=float,
+        type=options.positive_float,
         default=None,
         metavar="GB",
         help="refuse before any work when the predicted peak memory (the first line printed) exceeds "

@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
     import torch
 
     from svdmlp import checkpoint
-    from svdmlp.compression import pipeline, report
+    from svdmlp.compression import report
+    from svdmlp.compression.steps import quantization
     from svdmlp.config import CompressConfig
 
     checkpoint.check_target(args.out, args.overwrite)
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     device, _ = options.runtime(args)
     started = time.perf_counter()
     model, tokenizer = checkpoint.load(args.checkpoint, backend="torch", dtype=torch.float32, device=device)
-    quantization = pipeline.quantize_factors(model, tokenizer, config)
+    quantization = quantization.quantize_checkpoint(model, tokenizer, config)
     result = replace(report.CompressionReport.from_dict(metadata["report"]), quantization=quantization)
     path = checkpoint.save(
         args.out,

@@ -23,27 +23,11 @@ from dataclasses import dataclass
 import torch
 
 from svdmlp.compression import ranks
-from svdmlp.compression.gram import GRAM_BLOCKS, GRAM_ROWS
 from svdmlp.compression.journal import resumable
-from svdmlp.compression.layer_inputs import LOGIT_BLOCK_BYTES
-from svdmlp.compression.pipeline import MEASURED_KEEPS, SENSITIVITY_TOKENS
+from svdmlp.compression.steps import allocation, calibration, factorisation, healing
+from svdmlp.compression.steps.allocation import MEASURED_KEEPS
+from svdmlp.compression.steps.sizes import BASE_BYTES, F32, GB, Sizes
 from svdmlp.config import CompressConfig
-
-GB = 1e9
-# The interpreter with torch, transformers and svdmlp imported, a hollow model and its tokenizer
-# (measured: 0.53 GB after the imports, 0.60 GB with a hollow Llama-3.2-1B-shaped model loaded).
-BASE_BYTES = 0.6 * GB
-# Once the model's layers have run on calibration windows: what glibc's heap keeps of the
-# freed blocks under runtime.MMAP_THRESHOLD (a layer's activations, attention probabilities, the loaded
-# layers' small tensors), reused but not returned. Measured beside Qwen2.5-Coder-0.5B's distillation: its
-# main arena 0.57-0.67 GB with 0.31-0.41 GB free between windows, malloc_trim returning 0.3-0.4 GB until
-# the next window took it back (BENCHMARKS.md, session 17). A model loaded whole for distillation is
-# predicted without it: its terms (the weights, the autograd record) already exceed its measured peaks.
-HEAP_RETAINED = 0.4 * GB
-F32, F64 = 4, 8
-# Live float32 copies of a window's logits while its loss and gradient are formed (logits, softmax,
-# log-softmax, gradient).
-LOGIT_COPIES = 4
 
 
 @dataclass(frozen=True)
@@ -91,8 +75,6 @@ ROOT_FLOPS = 0.4
 # (SmolLM2-135M, thorough) and about 1.4× (Qwen2.5-Coder-1.5B, projected from its first steps) the
 # predicted time on 2 cores (BENCHMARKS.md, 2026-12-03).
 ACHIEVED = 0.67
-# The share of a full product's work that a Gram update does: the block upper triangle.
-GRAM_WORK = (GRAM_BLOCKS + 1) / (2 * GRAM_BLOCKS)
 
 
 # Below this share of its cores while it timed its products, the first line says the cores are busy.
@@ -267,38 +249,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _root_bytes(n: int) -> float:
-    """Making a float64 Cholesky root: the copy that becomes the root (or, for a Gram read from its
-    file, the Gram itself)."""
-    return n * n * F64
-
-
-def _svd_bytes(rows: int, cols: int) -> float:
-    """Decomposing one weighted ``rows × cols`` projection in float64 (``decompose.Decomposition.of``):
-    the weight, its weighted copy, the copy LAPACK's SVD (gesdd) overwrites and its left factor, four
-    m·n buffers, and the SVD's workspace and right factor, about 8·n² (n the smaller side). At
-    Llama-3.1-8B's MLP (4096 × 14336) that is 3.0 GB beside the root: the allocation's and
-    factorisation's peaks (BENCHMARKS.md, session 13)."""
-    m, n = max(rows, cols), min(rows, cols)
-    return (4 * m * n + 8 * n * n) * F64
-
-
-def _logit_block(tokens: int, vocab: int) -> float:
-    """One float32 copy of a block of logits (``layer_inputs.block_rows``): at most a window's whole."""
-    return min(LOGIT_BLOCK_BYTES, tokens * vocab * F32)
-
-
-def _layer_record(shapes: Shapes, seq: int) -> float:
-    """What autograd keeps of one ``seq``-token window through a decoder layer for its backward pass:
-    the attention probabilities and a few activations per width."""
-    return (shapes.heads * seq * seq + 8 * seq * (shapes.hidden + shapes.inter)) * F32
-
-
-def _strip_bytes(n: int) -> float:
-    """One strip of a Gram's update (``gram.accumulate_gram``): its float32 product and float64 copy."""
-    return n * math.ceil(n / GRAM_BLOCKS) * (F32 + F64)
-
-
 def checkpoint_bytes(shapes: Shapes, config: CompressConfig, compressed: int, save_bytes: int) -> float:
     """Bytes of the checkpoint of ``compressed`` layers compressed as ``config`` says, ``save_bytes`` per
     weight (its tokenizer and records are small)."""
@@ -318,127 +268,29 @@ def predict(
     measured: int = 0,
 ) -> Footprint:
     """The footprint of compressing ``compressed`` decoder layers of a model of ``shapes`` as ``config``
-    says, its weights read from disk one unit at a time; with ``resident_healing``, the model is loaded
-    whole for distillation. Its allocation probes each layer at each of ``keeps_probed`` (a sweep's
-    keeps, measured at once: :func:`svdmlp.compression.pipeline.measure_sensitivities`; default its own
-    keep) but the ``measured`` layers, whose sensitivity is recorded already."""
-    speed = rates.achieved()
-    h, i, vocab = shapes.hidden, shapes.inter, shapes.vocab
-    calibration = config.calibration
-    tokens = calibration.num_samples * (calibration.seq_len + 1)
-    window = calibration.seq_len + 1
-    layer = shapes.layer_params * F32
-    model = BASE_BYTES + HEAP_RETAINED
-    hidden_states = tokens * h * F32
-    input_grams = (h * h + i * i) * F64
-    output_grams = (2 * i * i + h * h) * F64
-    memory, seconds = {}, {}
-    forward = 2 * shapes.params * tokens  # FLOPs of one pass over the calibration windows
-    # FLOPs of a walk that carries them through the decoder layers, up to the last one to compress.
-    walked = max(config.layers) + 1 if config.layers else shapes.layers
-    walk = 2 * walked * shapes.layer_params * tokens
+    says, its weights read from disk one unit at a time: each step's cost, as the step's module predicts
+    it (:mod:`svdmlp.compression.steps`). With ``resident_healing``, the model is loaded whole for
+    distillation. Its allocation probes each layer at each of ``keeps_probed`` (a sweep's keeps,
+    measured at once: :func:`~svdmlp.compression.steps.allocation.measure_shared`; default its own keep)
+    but the ``measured`` layers, whose sensitivity is recorded already."""
+    s = Sizes(shapes, config, compressed, rates.achieved())
+    h, i = s.h, s.i
     # The compression writes each compressed layer to the scratch directory (in float32: its attention
     # and its factors at keep's rank) and, with fisher, every layer's output-gradient Grams (float32)
     # and, while they are made, the hidden states entering each layer (deleted as the backward sweep
     # spills the Grams: counting both whole is an upper bound) and the gradient the sweep has reached.
-    rank = ranks.rank_for_keep(h, i, config.keep, config.align)
-    compressed_layer = shapes.layer_params - 3 * h * i + 3 * (h + i) * rank  # its parameters
-    factors = compressed * compressed_layer * F32
-    spilled = compressed * (2 * i * i + h * h) * F32 + (shapes.layers + 1) * tokens * h * F32
+    factors = compressed * s.compressed_layer * F32
+    spilled = compressed * (2 * i * i + h * h) * F32 + (shapes.layers + 1) * s.tokens * h * F32
     disk = factors + (spilled if config.needs_output_grams else 0)
-
-    def grams(*widths: int) -> float:  # seconds of Grams of these widths over the calibration tokens
-        return tokens * 2 * sum(n * n for n in widths) * GRAM_WORK / speed.f32
-
-    if not config.needs_calibration:
-        memory["factorisation"] = model + layer + _svd_bytes(h, i)
-        seconds["factorisation"] = compressed * 3 * 4 * h * h * i / speed.f64
-        return Footprint(memory, seconds, rates, disk)
-    fisher = config.needs_output_grams
-    if fisher:
-        # The head's gradient: the output embedding and a few rows of logits at a time
-        # (layer_inputs.head_gradient), beside the windows' hidden states and their gradients.
-        head = vocab * h * F32 + _logit_block(window, vocab) * LOGIT_COPIES
-        # A layer of the backward pass holds its output-gradient Grams. While the windows run back
-        # through it, one at a time: the gradients at its output (going) and at its input (coming), two
-        # copies of the hidden states, the gradients' rows waiting for their Grams' update, a strip of
-        # that update and one window's autograd record. Then each Gram's float32 copy as it is spilled,
-        # beside the input gradients.
-        running = (
-            2 * hidden_states
-            + GRAM_ROWS * (2 * i + h) * F32
-            + _strip_bytes(i)
-            + _layer_record(shapes, window)
-        )
-        spilling = hidden_states + i * i * F32
-        memory["calibration"] = model + max(
-            2 * hidden_states + head, layer + output_grams + max(running, spilling)
-        )
-        seconds["calibration"] = 3 * forward / speed.f32 + compressed * grams(i, i, h)
-    # Per layer: its input Grams' accumulation, the roots of its Grams (input, and output with fisher),
-    # and each projection's weighting, SVD and return through the roots.
-    roots = speed.root(i) + speed.root(h) + (2 * speed.root(i) + speed.root(h) if fisher else 0)
-    factorise = (
-        grams(h, i)
-        + (12 * h * h * i + 3 * h * i * i + 6 * h * h * i + (6 * h * i * i if fisher else 0)) / speed.f64
-        + roots
-    )
-    probe_tokens = SENSITIVITY_TOKENS
-    per_layer = model + layer + input_grams + hidden_states
-    decomposing = _root_bytes(i) + _svd_bytes(h, i)  # one projection's root of an inter² Gram and SVD
-    if config.allocation == "budget":
-        # Kept from the first probe to the last: the dense log-probabilities, whole, and every layer's
-        # recorded output. Beside them, a projection's decomposition and the factors of the layer's
-        # projections before it at every keep; or a probe: the embeddings, then the head, one at a time,
-        # the probed log-probabilities a few rows at a time, every keep's factors and their products V·U
-        # standing in for the layer's weights (Llama-3.2-1B shape: 3.67 GB measured, 3.0 predicted
-        # without these last three, BENCHMARKS.md session 14; Qwen2.5-Coder-1.5B's three keeps at once:
-        # 4.84 GB measured, 4.81 predicted, session 21).
-        probed = keeps_probed or (config.keep,)
-        factors_probed = sum((h + i) * ranks.rank_for_keep(h, i, keep, config.align) for keep in probed)
-        recorded = probe_tokens * vocab * F32 + shapes.layers * probe_tokens * h * F32
-        probe = (
-            vocab * h * F32
-            + _logit_block(probe_tokens, vocab) * LOGIT_COPIES
-            + 3 * (factors_probed + h * i) * F32
-        )
-        memory["allocation"] = per_layer + recorded + max(decomposing + 2 * factors_probed * F32, probe)
-        probing = 2 * shapes.params * probe_tokens / 2 / speed.f32
-        probes = max(0, compressed - measured)
-        # The dense walk runs from the first layer, also when a stopped run measured some already.
-        seconds["allocation"] = (walk / speed.f32 if probes else 0.0) + probes * (
-            factorise + len(probed) * probing
-        )
-    # A layer's peak: decomposing a projection beside its input Grams, or closed form's Gram of the
-    # compressed intermediate (which becomes its own root) and W·Cᵀ, a strip of their update, and the
-    # MLP's inputs.
-    closed_form = (i * i + h * i) * F64 + _strip_bytes(i) + hidden_states if config.heals_closed_form else 0
-    memory["factorisation"] = per_layer + max(decomposing, closed_form)
-    # Closed form: its inter² Gram and root, W·Cᵀ from the dense outputs W·h (two hidden × inter
-    # products a token), the triangular solve, the target and two errors through inter² matrices (about
-    # 5·h·i² in float64).
-    closed = tokens * 4 * h * i / speed.f32 + grams(i) + speed.root(i) + 5 * h * i * i / speed.f64
-    # The walk runs each layer dense for its Grams and, sequential, again once compressed, to carry on.
-    rerun = 2 * compressed * compressed_layer * tokens if config.sequential else 0
-    seconds["factorisation"] = (walk + rerun) / speed.f32 + compressed * (
-        factorise + (closed if config.heals_closed_form else 0)
-    )
-    if config.heals_lora:
-        teacher_logits = (config.lora.seq_len + 1) * vocab * F32  # one window's, float32
-        if not resident_healing:  # a layer, its factors' gradients and AdamW state, inputs
-            layer_factors = 3 * (h + i) * rank * F32
-            step = layer + 3 * layer_factors + shapes.layers * (config.lora.seq_len + 1) * h * F32
-            # The embeddings and the head are loaded one at a time, for the passes that use them; the
-            # teacher's logits are whole, the student's formed a few rows at a time (layer_inputs.block_rows).
-            logits = teacher_logits + _logit_block(config.lora.seq_len + 1, vocab) * LOGIT_COPIES * 2
-            memory["healing"] = model + max(vocab * h * F32 + logits, step)
-        else:  # the whole model, every factor's gradient and AdamW state, the logits, and what
-            # autograd keeps of every layer (attention probabilities, a few activations per width)
-            factors = compressed * 3 * (h + i) * rank
-            kept = shapes.layers * _layer_record(shapes, config.lora.seq_len + 1)
-            logits = teacher_logits * LOGIT_COPIES * 2  # the teacher's and the student's, whole
-            memory["healing"] = BASE_BYTES + shapes.params * F32 + factors * 3 * F32 + logits + kept
-        seconds["healing"] = config.lora.steps * 4 * 2 * shapes.params * config.lora.seq_len / speed.f32
+    costs = {
+        "calibration": calibration.cost(s),
+        "allocation": allocation.cost(s, keeps_probed, measured),
+        "factorisation": factorisation.cost(s),
+        "healing": healing.cost(s, resident_healing) if config.needs_calibration else None,
+    }
+    costs = {step: cost for step, cost in costs.items() if cost is not None}
+    memory = {step: cost[0] for step, cost in costs.items()}
+    seconds = {step: cost[1] for step, cost in costs.items()}
     return Footprint(memory, seconds, rates, disk)
 
 

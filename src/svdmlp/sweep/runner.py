@@ -12,7 +12,7 @@ sweep then needs about the memory of one compression, whatever its number of kee
 
 On a model on disk, budget allocations (``--allocate``) of one method share their measurements across
 keeps: the first point measures each layer once for itself and the next keeps, up to
-:data:`~svdmlp.compression.pipeline.MEASURED_KEEPS` (its dense Grams, whitened decompositions and the dense
+:data:`~svdmlp.compression.steps.allocation.MEASURED_KEEPS` (its dense Grams, whitened decompositions and the dense
 model's predictions; one probe per keep), into each keep's journal, and each point allocates from them.
 
 A stopped sweep also continues inside the point it stopped in: on a model on disk the shared Grams
@@ -46,6 +46,8 @@ from svdmlp.compression.journal import JOURNAL_FILE, Journal, resumable
 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import CompressionReport, count_parameters
 from svdmlp.compression.report import mlp_bytes as report_mlp_bytes
+from svdmlp.compression.steps import allocation, quantization
+from svdmlp.compression.steps import calibration as calibration_step
 from svdmlp.config import FACTOR_BITS, CompressConfig, LoraSpec
 from svdmlp.evaluate import suite
 from svdmlp.quantize import quantize_mlp
@@ -273,7 +275,7 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
                     # The point's time counts the work it does for the later ones too (their shared
                     # Grams and measurements), and, continued, its earlier runs' (its journal's).
                     clock = journal.clock if journal is not None else StepClock()
-                    if pipeline.shared_calibration(model, config):
+                    if calibration_step.shared(model, config):
                         clock.switch("calibration")
                         calibration = _shared_calibration(
                             model, tokenizer, config, calibration, shared, identity, log, prefix
@@ -333,13 +335,13 @@ def _shared_sensitivities(
     model, tokenizer, point: Point, journal: Journal, later: list[Point], base, out, identity, calibration
 ) -> None:
     """Measure the sensitivities of ``point`` and of the next points of its method (its other keeps)
-    in one pass, into their journals (:func:`pipeline.measure_sensitivities`): their allocations then
+    in one pass, into their journals (:func:`~svdmlp.compression.steps.allocation.measure_shared`): their allocations then
     share each layer's Grams and decompositions instead of making them once per keep. A point joins
     when it has measured the same layers as ``point`` (none, or those of a pass they shared)."""
     configs, journals = [_config(point, base)], [journal]
     layers = set(journal.sensitivities())
     for other in later:
-        if len(configs) == pipeline.MEASURED_KEEPS:
+        if len(configs) == allocation.MEASURED_KEEPS:
             break
         if other.method == point.method and other.factor_bits == 16 and not point_path(out, other).is_file():
             config = _config(other, base)
@@ -348,7 +350,9 @@ def _shared_sensitivities(
                 configs.append(config)
                 journals.append(theirs)
     if len(configs) > 1:
-        pipeline.measure_sensitivities(model, tokenizer, configs, journals, calibration)
+        recorded = [journal.sensitivities() for journal in journals]
+        on_measured = [journal.measured for journal in journals]
+        allocation.measure_shared(model, tokenizer, configs, recorded, on_measured, calibration)
 
 
 def _shared_calibration(
@@ -362,7 +366,7 @@ def _shared_calibration(
     if calibration is not None and (calibration.outputs or not config.needs_output_grams):
         return calibration
     log(f"{prefix} collecting calibration Grams once for every keep")
-    calibration = pipeline.collect_calibration(model, tokenizer, config, spill=shared)
+    calibration = calibration_step.collect_shared(model, tokenizer, config, spill=shared)
     if journal is not None:
         journal.calibrated(calibration)
     return calibration
@@ -411,11 +415,11 @@ def _quantized_factors(model, tokenizer, kept: Path, point: Point) -> dict:
     as ``svdmlp quantize`` would (compress seconds: the compression's and the quantization's)."""
     metadata = checkpoint.read_metadata(kept)
     config = replace(CompressConfig.from_dict(metadata["config"]), factor_bits=point.factor_bits)
-    quantization = pipeline.quantize_factors(model, tokenizer, config, progress=False)
-    report = replace(CompressionReport.from_dict(metadata["report"]), quantization=quantization)
+    quantized = quantization.quantize_checkpoint(model, tokenizer, config, progress=False)
+    report = replace(CompressionReport.from_dict(metadata["report"]), quantization=quantized)
     record = _compressed(report)
-    record["compress_seconds"] += quantization["seconds"]
-    record["timings"] = {**record["timings"], "quantization": quantization["seconds"]}
+    record["compress_seconds"] += quantized["seconds"]
+    record["timings"] = {**record["timings"], "quantization": quantized["seconds"]}
     return record
 
 
