@@ -65,36 +65,23 @@ def _number(text: str, kind: type) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1 (counts, lengths, sizes)."""
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+def _within(kind: type, accepts: Callable[[float], bool], expected: str) -> Callable[[str], float]:
+    """An argparse type: a finite ``kind`` that ``accepts``; a usage error naming ``expected`` otherwise."""
+
+    def parse(text: str) -> float:
+        value = _number(text, kind)
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value:g}")
+        return value
+
+    return parse
 
 
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0 (a memory budget in GB: nan, inf or -1 are refused)."""
-    value = _number(text, float)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value:g}")
-    return value
-
-
-def nonnegative_float(text: str) -> float:
-    """An argparse type: a finite number >= 0 (a temperature)."""
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value:g}")
-    return value
-
-
-def probability(text: str) -> float:
-    """An argparse type: a number in (0, 1] (top-p)."""
-    value = _number(text, float)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {value:g}")
-    return value
+# Counts, lengths and sizes; a memory budget in GB (nan, inf or -1 refused); a temperature; top-p.
+positive_int = _within(int, lambda value: value >= 1, "an integer >= 1")
+positive_float = _within(float, lambda value: value > 0, "a number > 0")
+nonnegative_float = _within(float, lambda value: value >= 0, "a number >= 0")
+probability = _within(float, lambda value: 0 < value <= 1, "a number in (0, 1]")
 
 
 def keep_fraction(text: str) -> float:

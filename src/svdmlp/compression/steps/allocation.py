@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from svdmlp import arch, lazy
+from svdmlp import lazy
 from svdmlp.compression import ranks, sensitivity, sequential
 from svdmlp.compression.calibration import Calibration
 from svdmlp.compression.ranks import LayerSensitivity
@@ -20,7 +20,6 @@ from svdmlp.compression.steps.context import (
     SENSITIVITY_TOKENS,
     Run,
     Windows,
-    layers_to_compress,
     rule_ranks,
 )
 from svdmlp.compression.steps.sizes import F32, LOGIT_COPIES, Sizes
@@ -103,18 +102,16 @@ def measure_shared(
             f"at most {MEASURED_KEEPS} keeps' sensitivities are measured at once, got {len(configs)}"
         )
     config = configs[0]
-    spec = arch.of_model(model)
-    to_compress = layers_to_compress(model, spec, config)
-    references = [rule_ranks(model, spec, c, to_compress) for c in configs]
-    to_probe = [i for i in to_compress if any(i not in done for done in recorded)]
+    run = Run(model, tokenizer, config, progress=progress)
+    references = [rule_ranks(model, run.spec, c, run.to_compress) for c in configs]
+    to_probe = [i for i in run.to_compress if any(i not in done for done in recorded)]
     if config.needs_output_grams and (calibration is None or set(to_probe) - set(calibration.outputs)):
         raise ValueError(
             "method 'fisher' measures sensitivity with the output-gradient Grams: none were given"
         )
     outputs = calibration.outputs if calibration is not None else {}
-    windows = Windows(model, tokenizer, config, None, arch.bos_token_id(spec, tokenizer))
     desc = f"sensitivity of keeps {', '.join(f'{c.keep:g}' for c in configs)}"
-    for layers in _measure(model, spec, references, to_probe, {}, outputs, windows, progress, desc):
+    for layers in _measure(model, run.spec, references, to_probe, {}, outputs, run.windows, progress, desc):
         for done, record, layer in zip(recorded, on_measured, layers, strict=True):
             if layer.index not in done:
                 record(layer)

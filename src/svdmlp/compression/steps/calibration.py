@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch.nn as nn
 
-from svdmlp import arch, lazy
-from svdmlp.compression.calibration import Calibration, config_windows, source_weights
+from svdmlp import lazy
+from svdmlp.compression.calibration import Calibration, source_weights
 from svdmlp.compression.gram import GRAM_ROWS
 from svdmlp.compression.steps import sizes
-from svdmlp.compression.steps.context import Run, layers_to_compress
+from svdmlp.compression.steps.context import Run
 from svdmlp.compression.steps.sizes import F32, F64, LOGIT_COPIES, Sizes
 from svdmlp.config import CompressConfig
 
@@ -29,17 +29,24 @@ def needed(run: Run) -> bool:
     return wanted and bool(run.to_compress)
 
 
-def collect(run: Run) -> Calibration:
-    """This run's calibration."""
-    return _collect(
+def collect(run: Run, inputs: bool | None = None, spill: Path | None = None) -> Calibration:
+    """This run's calibration (the input Grams too where ``inputs``, by default where the probes reuse
+    them); kept in ``spill``, or beside a model on disk's layers."""
+    weights = lazy.of(run.model)
+    if spill is None and weights is not None:  # a model on disk: its Grams on disk too
+        spill = weights.scratch
+    config = run.config
+    return Calibration.collect(
         run.model,
         run.spec,
         run.windows(),
         run.to_compress,
         run.progress,
-        run.config,
-        run.calibration_text,
-        _reuses_probes(run),
+        source_weights(config, run.calibration_text),
+        config.needs_output_grams,
+        config.seed,
+        _reuses_probes(run) if inputs is None else inputs,
+        spill,
     )
 
 
@@ -79,33 +86,8 @@ def collect_shared(
     A model in memory gets every Gram it uses; a model on disk only the output-gradient Grams, kept in
     ``spill`` (its input Grams are made one layer at a time by each compression).
     """
-    spec = arch.of_model(model)
-    bos = arch.bos_token_id(spec, tokenizer)
-    windows = config_windows(tokenizer, config, calibration_text, bos=bos, model=model)
-    indices = layers_to_compress(model, spec, config)
-    inputs = config.needs_dense_grams and lazy.of(model) is None
-    return _collect(model, spec, windows, indices, progress, config, calibration_text, inputs, spill)
-
-
-def _collect(
-    model, spec, windows, indices, progress, config, calibration_text, inputs=True, spill=None
-) -> Calibration:
-    sources = source_weights(config, calibration_text)
-    weights = lazy.of(model)
-    if spill is None and weights is not None:  # a model on disk: its Grams on disk too
-        spill = weights.scratch
-    return Calibration.collect(
-        model,
-        spec,
-        windows,
-        indices,
-        progress,
-        sources,
-        config.needs_output_grams,
-        config.seed,
-        inputs,
-        spill,
-    )
+    run = Run(model, tokenizer, config, calibration_text, progress)
+    return collect(run, config.needs_dense_grams and run.in_memory, spill)
 
 
 def cost(s: Sizes) -> tuple[float, float] | None:

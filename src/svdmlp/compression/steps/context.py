@@ -141,12 +141,6 @@ def rule_ranks(model, spec, config, indices) -> dict[int, dict[str, int]]:
     return planned
 
 
-def layers_to_compress(model: nn.Module, spec: arch.ArchSpec, config: CompressConfig) -> list[int]:
-    """The indices of the layers ``config`` selects whose weights can be compressed."""
-    selected = _check_layers(config, len(arch.decoder_layers(model, spec)))
-    return [i for i in selected if not _check_weights(model, spec, i, config)]
-
-
 def _check_layers(config: CompressConfig, num_layers: int) -> list[int]:
     if config.layers is None:
         return list(range(num_layers))
