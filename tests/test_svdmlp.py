@@ -29,7 +29,7 @@ LAYERS = (
         "svdmlp.timing",
         "svdmlp.versions",
     ),
-    ("svdmlp.compression.decompose", "svdmlp.corpora", "svdmlp.kernels"),
+    ("svdmlp.compression.decompose", "svdmlp.corpora", "svdmlp.kernels", "svdmlp.packaged"),
     ("svdmlp.config",),
     ("svdmlp.int_weights",),
     ("svdmlp.backends",),
