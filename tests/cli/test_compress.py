@@ -102,6 +102,7 @@ def test_bad_numbers_are_usage_errors_before_any_work(tmp_path, capsys, options,
     [
         (["--keep", "0.5", "--align", "64"], ["align 64 leaves no room for a rank", "use a smaller align"]),
         (["--keep", "0.02"], ["keep 0.02 is far below what one block of 8 ranks keeps", "smaller --align"]),
+        (["--keep", "0.02", "--dry-run"], ["keep 0.02 is far below what one block of 8 ranks keeps"]),
         (["--keep", "0.5", "--targets", "gate,sideways"], ["targets must be distinct names"]),
         (["--keep", "0.5", "--layers", "7"], ["layers [7] do not exist: the model has 2 decoder layers"]),
     ],

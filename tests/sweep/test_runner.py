@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -85,6 +86,17 @@ def test_sweep_writes_points_report_and_plots_then_resumes(setup, monkeypatch, c
     other = argv[:2] + ["--keep", "0.3", "--method", "svd"] + argv[6:] + ["--calib-samples", "2"]
     assert main(other) == 0
     assert len(compresses) == 1  # svd-keep0.3 only: the dense point is reused under other calibration
+
+
+def test_a_second_sweep_into_one_output_refuses_at_once(setup, capsys):
+    from svdmlp.compression import workspace
+
+    argv, out = setup
+    with workspace.exclusive(out):  # a first sweep at work
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"another svdmlp run (process {os.getpid()}) is writing {out}" in err and "Traceback" not in err
+    assert not (out / "points").exists()
 
 
 def test_resume_refuses_other_settings(setup, capsys):

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from svdmlp.compression import footprint
+from svdmlp.compression import footprint, ranks
 from svdmlp.compression.journal import Journal, resumable
 from svdmlp.config import CompressConfig
 
@@ -108,6 +108,8 @@ def check(
     and the lines to print ("the first line"); a ValueError when the peak memory exceeds ``max_memory``
     bytes (None: the memory available) or the disk needed beside ``out`` (the scratch files at their
     peak and the checkpoint, ``save_bytes`` per weight) exceeds the disk free there."""
+    projections = {name: (shapes.hidden, shapes.inter) for name in config.targets}
+    ranks.uniform_ranks(projections, config.keep, config.align)  # an impossible rank, before anything
     candidates = len(config.layers) if config.layers is not None else shapes.layers
     done = footprint.Done.of(journal) if journal is not None else footprint.Done()
     layers = done.left(candidates)
