@@ -2,8 +2,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from svdmlp import arch
-from svdmlp.compression import decompose
+from svdmlp import arch, decompose
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear, set_backend
 
 

@@ -19,7 +19,7 @@ LAYERS = (
     (
         "svdmlp.activations",
         "svdmlp.arch",
-        "svdmlp.compression.ranks",
+        "svdmlp.ranks",
         "svdmlp.cuda_graphs",
         "svdmlp.lazy",
         "svdmlp.paths",
@@ -29,7 +29,7 @@ LAYERS = (
         "svdmlp.timing",
         "svdmlp.versions",
     ),
-    ("svdmlp.compression.decompose", "svdmlp.corpora", "svdmlp.kernels", "svdmlp.packaged"),
+    ("svdmlp.decompose", "svdmlp.corpora", "svdmlp.kernels", "svdmlp.packaged"),
     ("svdmlp.config",),
     ("svdmlp.int_weights",),
     ("svdmlp.backends",),
@@ -95,6 +95,48 @@ def test_every_import_goes_down_a_layer_or_stays_in_its_package():
             same_package = target_entry == entry or target.startswith(entry + ".")
             if not (target_layer < layer or same_package):
                 wrong.append(f"{module} (layer {layer}) imports {target} (layer {target_layer})")
+    assert wrong == []
+
+
+# Inside svdmlp.compression, bottom up (docs/architecture.md): the same rule, a module importing only
+# lower layers or its own subpackage (steps, heal), so that the steps never reach the runner, the journal
+# or the workspace above them.
+COMPRESSION_LAYERS = (
+    ("clock", "gram", "heal", "layer_inputs", "report", "self_calibration"),
+    ("heal.closed_form", "output_grams"),
+    ("calibration",),
+    ("factorise", "sequential"),
+    ("quantized_dense", "quantized_factors", "sensitivity"),
+    ("heal.distill",),
+    (
+        "steps",
+        "steps.allocation",
+        "steps.calibration",
+        "steps.context",
+        "steps.factorisation",
+        "steps.healing",
+        "steps.quantization",
+        "steps.sizes",
+    ),
+    ("journal",),
+    ("footprint", "pipeline"),
+    ("workspace",),
+)
+
+
+def test_inside_compression_every_import_goes_down_a_layer_or_stays_in_its_subpackage():
+    prefix = "svdmlp.compression."
+    layer_of = {prefix + name: index for index, names in enumerate(COMPRESSION_LAYERS) for name in names}
+    inside = {module for module in MODULES if module.startswith(prefix)}
+    assert inside == set(layer_of), "every module of svdmlp.compression has its place in COMPRESSION_LAYERS"
+    assert _imports("svdmlp.compression") == set()  # the package itself imports nothing
+    wrong = []
+    for module in sorted(inside):
+        for target in sorted(_imports(module) & inside):
+            parent = module.rsplit(".", 1)[0]
+            own = parent != "svdmlp.compression" and (target == parent or target.startswith(parent + "."))
+            if layer_of[target] >= layer_of[module] and not own:
+                wrong.append(f"{module} imports {target}")
     assert wrong == []
 
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from svdmlp import corpora
 from svdmlp.arch import PROJECTIONS
-from svdmlp.compression.ranks import check_keep
+from svdmlp.ranks import check_keep
 
 # --factor-bits: the quantization scheme (svdmlp.int_weights) the factors are stored in; 16 keeps them
 # in the model's floating-point dtype.
@@ -31,7 +31,7 @@ RECIPE_OPTIONS = ("sequential", "allocate", "closed-form", "lora")
 
 
 def checked_keep(keep: float) -> float:
-    """``keep`` itself if it is a number in [MIN_KEEP, 1] (:func:`~svdmlp.compression.ranks.check_keep`
+    """``keep`` itself if it is a number in [MIN_KEEP, 1] (:func:`~svdmlp.ranks.check_keep`
     and the floor above); TypeError or ValueError naming it otherwise."""
     check_keep(keep)
     if keep < MIN_KEEP:
@@ -221,7 +221,7 @@ class CompressConfig:
         layers: indices of decoder layers to compress; ``None`` means all of them.
         allocation: ``"uniform"`` (every matrix at the rank rule's rank for ``keep``) or
             ``"budget"`` (one rank per layer, allocated from each layer's measured sensitivity so
-            that together they keep ``keep`` of the parameters; see :mod:`svdmlp.compression.ranks`).
+            that together they keep ``keep`` of the parameters; see :mod:`svdmlp.ranks`).
         sequential: calibrate each layer on the outputs of the already-compressed layers before
             it, so that it compensates their error (see :mod:`svdmlp.compression.sequential`); otherwise every
             layer is calibrated on the dense model's activations.

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from svdmlp import arch, backends
-from svdmlp.compression.decompose import Factors
+from svdmlp.decompose import Factors
 from svdmlp.int_weights import QuantizedMatrix, Scheme
 
 

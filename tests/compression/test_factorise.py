@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import VOCAB, tiny_model
-from svdmlp import arch
-from svdmlp.compression import decompose, factorise, ranks
+from svdmlp import arch, decompose, ranks
+from svdmlp.compression import factorise
 from svdmlp.compression.calibration import collect_grams
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
 

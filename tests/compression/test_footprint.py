@@ -3,7 +3,8 @@
 import pytest
 
 from conftest import tiny_config
-from svdmlp.compression import footprint, ranks
+from svdmlp import ranks
+from svdmlp.compression import footprint
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 
 RATES = footprint.Rates(f32=50e9, f64=25e9)

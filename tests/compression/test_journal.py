@@ -8,9 +8,9 @@ from svdmlp import lazy
 from svdmlp.compression import journal
 from svdmlp.compression.calibration import Calibration
 from svdmlp.compression.output_grams import OutputGrams
-from svdmlp.compression.ranks import LayerSensitivity, Spectrum
 from svdmlp.compression.report import LayerRecord
 from svdmlp.config import CalibrationSpec, CompressConfig
+from svdmlp.ranks import LayerSensitivity, Spectrum
 
 PLAN = {"model": "m", "config": {"keep": 0.8, "calibration": {"num_samples": 32}}, "dtype": "torch.float32"}
 

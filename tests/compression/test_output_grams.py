@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from safetensors import safe_open
 
 from conftest import backward_stopped_at, count_calls, tiny_model
-from svdmlp import arch
-from svdmlp.compression import decompose, gram, output_grams
+from svdmlp import arch, decompose
+from svdmlp.compression import gram, output_grams
 from svdmlp.compression.calibration import tokens_hash
 
 

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from conftest import ARCH_CONFIGS, SAMPLE_TEXT, count_calls, tiny_model
-from svdmlp import arch, runtime
-from svdmlp.compression import decompose, pipeline
+from svdmlp import arch, decompose, runtime
+from svdmlp.compression import pipeline
 from svdmlp.compression.calibration import collect_grams, mixture_windows, token_windows, tokens_hash
 from svdmlp.compression.steps.calibration import collect_shared
 from svdmlp.compression.steps.context import probe_shape

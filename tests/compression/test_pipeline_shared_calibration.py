@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import SAMPLE_TEXT, count_calls, save_tiny_llama, tiny_model
-from svdmlp import models
-from svdmlp.compression import decompose, factorise, pipeline, sensitivity
+from svdmlp import decompose, models
+from svdmlp.compression import factorise, pipeline, sensitivity
 from svdmlp.compression.journal import Journal
 from svdmlp.compression.steps.allocation import measure_shared
 from svdmlp.compression.steps.calibration import collect_shared

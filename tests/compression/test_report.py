@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import HIDDEN, INTER, SAMPLE_TEXT, tiny_model
-from svdmlp import arch
-from svdmlp.compression import pipeline, ranks
+from svdmlp import arch, ranks
+from svdmlp.compression import pipeline
 from svdmlp.compression.report import (
     CompressionReport,
     LayerRecord,

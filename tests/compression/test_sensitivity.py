@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import ARCH_CONFIGS, VOCAB, tiny_model
-from svdmlp import arch
-from svdmlp.compression import decompose, layer_inputs, sensitivity
+from svdmlp import arch, decompose
+from svdmlp.compression import layer_inputs, sensitivity
 
 NAMES = ("gate", "up", "down")
 

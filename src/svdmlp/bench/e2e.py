@@ -27,10 +27,10 @@ from svdmlp.backends import choice
 from svdmlp.bench import energy
 from svdmlp.bench.ceilings import measure_ceilings
 from svdmlp.bench.kernel import CPU_CEILING_SIZES, CUDA_CEILING_SIZES
-from svdmlp.compression.decompose import Factors
-from svdmlp.compression.ranks import check_keep, uniform_ranks
+from svdmlp.decompose import Factors
 from svdmlp.engine import Engine
 from svdmlp.int_weights import factor_scheme
+from svdmlp.ranks import check_keep, uniform_ranks
 
 # A Llama-3.2-1B-shaped model with random weights: the GPU benchmark needs no download.
 RANDOM_MODEL = "random-llama-3.2-1b"

@@ -17,8 +17,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from svdmlp import arch, corpora
-from svdmlp.compression import decompose
+from svdmlp import arch, corpora, decompose
 from svdmlp.compression.gram import accumulate_gram
 from svdmlp.compression.output_grams import OutputGrams, collect_output_grams
 from svdmlp.compression.self_calibration import self_windows

@@ -10,12 +10,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from svdmlp import arch, lowrank
-from svdmlp.compression import ranks
+from svdmlp import arch, lowrank, ranks
 from svdmlp.compression.calibration import LayerGrams
-from svdmlp.compression.decompose import Decomposition, Factors, weighted_relative_error
 from svdmlp.compression.heal import closed_form
 from svdmlp.compression.report import LayerRecord, ProjectionRecord
+from svdmlp.decompose import Decomposition, Factors, weighted_relative_error
 
 
 def decomposition(weight: torch.Tensor, grams: LayerGrams | None, name: str) -> Decomposition:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from svdmlp.compression import ranks
+from svdmlp import ranks
 from svdmlp.compression.journal import resumable
 from svdmlp.compression.steps import allocation, calibration, factorisation, healing
 from svdmlp.compression.steps.allocation import MEASURED_KEEPS
@@ -119,7 +119,7 @@ class Rates:
         return cls(f32=f32, f64=f64, share=min(1.0, max(shares)))
 
     def root(self, n: int) -> float:
-        """Seconds of an ``n × n`` float64 Cholesky root (:class:`~svdmlp.compression.decompose.Whitening`)."""
+        """Seconds of an ``n × n`` float64 Cholesky root (:class:`~svdmlp.decompose.Whitening`)."""
         return ROOT_FLOPS * n**3 / self.f64
 
     def achieved(self) -> Rates:

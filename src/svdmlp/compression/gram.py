@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from svdmlp.compression.decompose import strips
+from svdmlp.decompose import strips
 
 # XᵀX is symmetric: computing only the block upper triangle (and adding it mirrored) over 4 row
 # strips does 10/16 of the GEMM work. Measured on 2 cores for a (2048, 1536) batch: 0.093 s vs

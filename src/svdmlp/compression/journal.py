@@ -38,9 +38,9 @@ from svdmlp.compression.calibration import Calibration
 from svdmlp.compression.clock import StepClock
 from svdmlp.compression.heal import distill
 from svdmlp.compression.output_grams import OutputGrams, kept
-from svdmlp.compression.ranks import LayerSensitivity, Spectrum
 from svdmlp.compression.report import LayerRecord
 from svdmlp.config import CompressConfig
+from svdmlp.ranks import LayerSensitivity, Spectrum
 
 JOURNAL_FILE = "progress.json"
 

@@ -3,7 +3,7 @@
 Input whitening weighs a projection's error ``E`` by how often each input direction occurs
 (``tr(E·XᵀX·Eᵀ)``); to second order the loss increase is ``tr(G_out·E·XᵀX·Eᵀ)`` in the Kronecker-factored
 (K-FAC) approximation of the Fisher, which also weighs the output directions by how much the loss
-cares about them (:func:`svdmlp.compression.decompose.two_sided_svd`).
+cares about them (:func:`svdmlp.decompose.two_sided_svd`).
 
 The dense model runs forward and backward over the calibration windows, one decoder layer at a time
 (so that a model on disk holds one layer, :mod:`svdmlp.lazy`). Its parameters are frozen for the
@@ -34,8 +34,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-from svdmlp import arch, lazy
-from svdmlp.compression import decompose
+from svdmlp import arch, decompose, lazy
 from svdmlp.compression.gram import BufferedGram
 from svdmlp.compression.layer_inputs import capture, head_gradient, input_gradient, run_layer
 

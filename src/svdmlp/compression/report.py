@@ -82,7 +82,7 @@ class CompressionReport:
     def achieved_keep(self) -> float:
         """Kept fraction of the MLP parameters of the whole model (skipped layers count as kept), from
         the parameters counted in the model: for bias-free MLPs, what
-        :func:`svdmlp.compression.ranks.achieved_keep` gives for every matrix and its rank."""
+        :func:`svdmlp.ranks.achieved_keep` gives for every matrix and its rank."""
         return self.params_after["mlp"] / self.params_before["mlp"]
 
     @property

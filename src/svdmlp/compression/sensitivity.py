@@ -12,7 +12,7 @@ replay their recorded outputs instead (about 40% of SmolLM2's probe forward pass
 
 :func:`measure` probes every layer at the rank rule's rank (of one keep, or of each of a sweep's keeps
 at once); :func:`allocate` extrapolates each layer's divergence to other ranks with its whitened spectra,
-and lets :func:`svdmlp.compression.ranks.allocate_layer_ranks` share the parameter budget out.
+and lets :func:`svdmlp.ranks.allocate_layer_ranks` share the parameter budget out.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from contextlib import contextmanager
 import torch
 import torch.nn as nn
 
-from svdmlp import arch, lazy
-from svdmlp.compression import factorise, ranks
+from svdmlp import arch, lazy, ranks
+from svdmlp.compression import factorise
 from svdmlp.compression.calibration import LayerGrams, tokens_hash
-from svdmlp.compression.decompose import Factors
 from svdmlp.compression.layer_inputs import head_only, logits_by_rows, stood_in
+from svdmlp.decompose import Factors
 
 
 @contextmanager

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from svdmlp.compression import footprint, ranks
+from svdmlp import ranks
+from svdmlp.compression import footprint
 from svdmlp.compression.journal import Journal, resumable
 from svdmlp.config import CompressConfig
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from svdmlp.compression.ranks import achieved_keep, uniform_ranks
 from svdmlp.plan.cost import (
     Traffic,
     arithmetic_intensity,
@@ -33,6 +32,7 @@ from svdmlp.plan.cost import (
 from svdmlp.plan.hardware import Hardware
 from svdmlp.plan.shapes import MLPShape
 from svdmlp.plan.tiles import Blocks, choose_blocks
+from svdmlp.ranks import achieved_keep, uniform_ranks
 
 # Rows of x that one sweep of a library GEMM covers before it reads the weight again: cuBLAS-style
 # grouped rasterization runs 8 row tiles of 128 against each weight tile while it sits in L2 (the

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conftest import SAMPLE_TEXT, tiny_model
+from svdmlp import decompose
 from svdmlp.activations import activate
-from svdmlp.compression import decompose, pipeline
+from svdmlp.compression import pipeline
 from svdmlp.compression.heal import closed_form as heal
 from svdmlp.compression.report import CompressionReport
 from svdmlp.config import CalibrationSpec, CompressConfig

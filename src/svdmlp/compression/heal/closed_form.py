@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from svdmlp.activations import activate
-from svdmlp.compression.decompose import Decomposition, Factors, Whitening
 from svdmlp.compression.gram import accumulate_gram, accumulate_product
+from svdmlp.decompose import Decomposition, Factors, Whitening
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 
@@ -132,7 +132,7 @@ def compensating_down(
         before: the factorisation without compensation (whitened SVD on ``h``), for the report and
             as the fallback should rounding make the fit worse.
         reload: makes ``H̃ᵀH̃`` again, should a larger ridge be needed (see
-            :meth:`~svdmlp.compression.decompose.Whitening.from_gram`); without it the Gram is copied.
+            :meth:`~svdmlp.decompose.Whitening.from_gram`); without it the Gram is copied.
     """
     weight_cross = grams.weight_cross  # W·Cᵀ: all the fit needs of C
     whitening = Whitening.from_gram(grams.compressed, reload=reload)

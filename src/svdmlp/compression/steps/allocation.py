@@ -10,10 +10,9 @@ from collections.abc import Callable
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from svdmlp import lazy
-from svdmlp.compression import ranks, sensitivity, sequential
+from svdmlp import lazy, ranks
+from svdmlp.compression import sensitivity, sequential
 from svdmlp.compression.calibration import Calibration
-from svdmlp.compression.ranks import LayerSensitivity
 from svdmlp.compression.steps import sizes
 from svdmlp.compression.steps.context import (
     LEFT_DENSE,
@@ -24,6 +23,7 @@ from svdmlp.compression.steps.context import (
 )
 from svdmlp.compression.steps.sizes import F32, LOGIT_COPIES, Sizes
 from svdmlp.config import CompressConfig
+from svdmlp.ranks import LayerSensitivity
 
 # Keeps whose sensitivities one pass measures at most (measure_shared): each adds its factors of the
 # layer's projections to the memory of the pass (float32 at keep 0.9: 0.15 GB for Qwen2.5-Coder-1.5B,

@@ -9,8 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from svdmlp import arch, lazy, runtime
-from svdmlp.compression import ranks
+from svdmlp import arch, lazy, ranks, runtime
 from svdmlp.compression.calibration import config_windows, source_weights
 from svdmlp.compression.clock import StepClock
 from svdmlp.compression.report import LayerRecord
@@ -125,7 +124,7 @@ class Run:
 
 def rule_ranks(model, spec, config, indices) -> dict[int, dict[str, int]]:
     """The rank rule's rank of every targeted projection of layers ``indices`` (a ValueError for an
-    impossible one: :func:`~svdmlp.compression.ranks.uniform_ranks`)."""
+    impossible one: :func:`~svdmlp.ranks.uniform_ranks`)."""
     planned = {}
     for index in indices:
         linears = {name: arch.dense_projection(model, spec, index, name) for name in config.targets}

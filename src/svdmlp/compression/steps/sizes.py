@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from svdmlp.compression import ranks
+from svdmlp import ranks
 from svdmlp.compression.gram import GRAM_BLOCKS
 from svdmlp.compression.layer_inputs import LOGIT_BLOCK_BYTES
 from svdmlp.config import CompressConfig

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from svdmlp.compression import decompose
+from svdmlp import decompose
 
 
 def _random_weight(out_f=48, in_f=40, seed=0):

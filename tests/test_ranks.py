@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from svdmlp.compression import ranks
+from svdmlp import ranks
 
 
 @pytest.mark.parametrize(

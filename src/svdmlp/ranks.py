@@ -11,7 +11,7 @@ fraction of the matrix's parameters kept, ``r·(in+out) / (in·out)``; the Neuro
 A matrix's *spectrum* here
 is the squared singular values ``σ²`` of its whitened form ``W·S`` (``S`` the root of the calibration
 Gram), so that the activation-weighted truncation error of rank ``r`` is ``Σ_{i≥r} σ_i²`` and its
-relative value is that over ``Σ σ_i²``: exactly the error :func:`svdmlp.compression.decompose.whitened_svd`
+relative value is that over ``Σ σ_i²``: exactly the error :func:`svdmlp.decompose.whitened_svd`
 leaves.
 
 Why layers, and why measured: spectra alone say how much of each matrix's output a rank keeps, not

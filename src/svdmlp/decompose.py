@@ -1,7 +1,7 @@
 """Pure low-rank math: plain and activation-aware (whitened) SVD, and error metrics.
 
 Nothing here knows about modules, hooks or files: tensors and ints in, tensors and floats out. Which
-rank to cut at is :mod:`svdmlp.compression.ranks`'s business.
+rank to cut at is :mod:`svdmlp.ranks`'s business.
 
 Conventions: a projection ``W (out, in)`` is approximated by ``V (out, r) @ U (r, in)``.
 
