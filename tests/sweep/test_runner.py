@@ -192,7 +192,7 @@ def test_a_sweep_shares_the_output_gradient_grams_through_disk(tmp_path, tokeniz
 
 
 def test_quantized_baselines_and_factors_are_points_at_their_bytes(tmp_path, tokenizer, monkeypatch, capsys):
-    from svdmlp.sweep.runner import mlp_bytes
+    from svdmlp.sweep.points import mlp_bytes
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     model_dir = save_tiny_llama(tmp_path / "tiny-llama", tokenizer)

@@ -92,11 +92,12 @@ def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp.evaluate import suite
     from svdmlp.runtime import return_freed_memory
     from svdmlp.sweep import markdown, runner, speed
+    from svdmlp.sweep.points import plan, point_path
 
     return_freed_memory()  # a bounded peak: freed Grams and activations go back at once
     shapes = options.model_shapes(args.model)
     args = with_effort(args, shapes.inter)
-    points = runner.plan(args.keep, args.method, args.quantize, args.factor_bits)
+    points = plan(args.keep, args.method, args.quantize, args.factor_bits)
     bench = speed.load(args.bench) if args.bench else None  # checked before any work
     settings = options.eval_settings(args)
     base = CompressConfig(
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     names = options.eval_sources(args, corpora.HELDOUT_SOURCES)
     device, dtype = options.runtime(args)
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
-    left = [p for p in points if not runner.point_path(Path(args.out), p).is_file()]
+    left = [p for p in points if not point_path(Path(args.out), p).is_file()]
     done = runner.stopped(args.model, left, names, settings, base, Path(args.out), dtype)
     predicted = _print_footprint(shapes, left, done, base, settings, len(names))
     if args.dry_run:

@@ -19,7 +19,7 @@ from svdmlp.evaluate import harness, suite
 from svdmlp.paths import write_output
 from svdmlp.plots import new_figure, save_figure
 from svdmlp.sweep import speed
-from svdmlp.sweep.runner import mlp_bytes
+from svdmlp.sweep.points import mlp_bytes
 from svdmlp.tables import format_cell, markdown_table
 
 SPEED_PLOT = "ppl-vs-speed.png"

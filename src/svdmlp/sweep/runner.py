@@ -30,32 +30,29 @@ floating-point point finished then, compresses again with the factors quantized 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from svdmlp import arch, checkpoint, lazy, models
+from svdmlp import arch, checkpoint, lazy, models, paths
 from svdmlp.compression import footprint, output_grams, pipeline, workspace
 from svdmlp.compression.clock import StepClock
 from svdmlp.compression.journal import JOURNAL_FILE, Journal, resumable
 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import CompressionReport, count_parameters
-from svdmlp.compression.report import mlp_bytes as report_mlp_bytes
 from svdmlp.compression.steps import allocation, quantization
 from svdmlp.compression.steps import calibration as calibration_step
-from svdmlp.config import FACTOR_BITS, CompressConfig, LoraSpec
+from svdmlp.config import CompressConfig
 from svdmlp.evaluate import suite
 from svdmlp.quantize import quantize_mlp
+from svdmlp.sweep.points import Point, check_same_sweep, point_path, relevant, sweep_identity
 
 # Where a sweep into OUT keeps the output-gradient Grams its points share (a model on disk).
 SHARED = ".calibration"
-# The dense baselines a sweep can add: the MLP weights rounded to nearest or by GPTQ (svdmlp eval --quantize).
-QUANTIZATIONS = ("int8", "int4", "int8-gptq", "int4-gptq")
 
 
 @dataclass
@@ -73,70 +70,6 @@ class Texts:
         return self._texts
 
 
-@dataclass(frozen=True)
-class Point:
-    """One model of the sweep: ``dense`` (its MLP rounded by ``quantize``, one of
-    :data:`QUANTIZATIONS`, for a baseline), or a recipe (see :meth:`CompressConfig.with_recipe`) at a
-    keep, its factors stored in ``factor_bits``."""
-
-    method: str
-    keep: float = 1.0
-    factor_bits: int = 16
-    quantize: str | None = None
-
-    @property
-    def name(self) -> str:
-        if self.method == "dense":
-            return "dense" if self.quantize is None else f"dense-{self.quantize}"
-        bits = "" if self.factor_bits == 16 else f"-factors-{FACTOR_BITS[self.factor_bits]}"
-        return f"{self.method}-keep{self.keep:g}{bits}"
-
-    @property
-    def floating(self) -> Point:
-        """The point of the same method and keep with floating-point factors."""
-        return replace(self, factor_bits=16)
-
-
-def plan(
-    keeps: tuple[float, ...],
-    methods: tuple[str, ...],
-    quantize: tuple[str, ...] = (),
-    factor_bits: tuple[int, ...] = (16,),
-) -> list[Point]:
-    """The dense reference first, its quantized baselines, then each method over the keeps in the
-    order given, each keep at every factor width (floating point first)."""
-    if not keeps or not methods or not factor_bits:
-        raise ValueError(
-            f"a sweep needs at least one keep, method and factor width, got {keeps}, {methods} and {factor_bits}"
-        )
-    for keep in keeps:
-        replace(CompressConfig(), keep=keep)  # the config's own checks name a bad keep
-    for method in methods:
-        CompressConfig().with_recipe(method)  # names a bad recipe or an impossible combination
-    for bits in factor_bits:
-        CompressConfig(factor_bits=bits)
-    for name in quantize:
-        if name not in QUANTIZATIONS:
-            raise ValueError(f"unknown quantization {name!r}; expected some of {', '.join(QUANTIZATIONS)}")
-    widths = sorted(dict.fromkeys(factor_bits), reverse=True)
-    baselines = [Point("dense", quantize=name) for name in dict.fromkeys(quantize)]
-    compressed = [
-        Point(m, k, b) for m in dict.fromkeys(methods) for k in dict.fromkeys(keeps) for b in widths
-    ]
-    return [Point("dense"), *baselines, *compressed]
-
-
-def point_path(out: Path, point: Point) -> Path:
-    """Where a sweep into ``out`` keeps ``point``'s record once it is finished (a rerun skips it)."""
-    return out / "points" / f"{point.name}.json"
-
-
-def mlp_bytes(record: dict) -> int | None:
-    """The MLP's bytes at a point (:func:`svdmlp.compression.report.mlp_bytes`); None for a dense point
-    recorded before sweeps counted them."""
-    return report_mlp_bytes(record.get("params", {}).get("mlp"), record.get("quantization"))
-
-
 def run_sweep(
     model_name: str | None,
     points: list[Point],
@@ -149,7 +82,7 @@ def run_sweep(
     log=print,
 ) -> list[dict]:
     """Compress and score every point not already in ``out/points``; return all points' records."""
-    identity = _identity(model_name, texts.names, settings, base, dtype)
+    identity = sweep_identity(model_name, texts.names, settings, base, dtype)
     with workspace.exclusive(out):  # one sweep at a time writes ``out``
         return _run_sweep(model_name, points, texts, settings, base, out, dtype, device, log, identity)
 
@@ -197,7 +130,7 @@ def stopped(
     Raises:
         ValueError: ``out`` holds the stopped work of other settings.
     """
-    identity = _identity(model_name, names, settings, base, dtype)
+    identity = sweep_identity(model_name, names, settings, base, dtype)
     calibrated = Journal(out / SHARED, _shared_plan(identity)).calibration() is not None
     shared = ("calibration",) if calibrated else ()
     done = []
@@ -208,17 +141,6 @@ def stopped(
         journal = Journal(_work(out, point), _point_plan(identity, _config(point, base)))
         done.append(footprint.Done.of(journal, shared))
     return done
-
-
-def _identity(model_name, names, settings, base: CompressConfig, dtype) -> dict:
-    """What every point's numbers depend on, recorded with each point."""
-    return {
-        "model": models.recorded_name(model_name) if model_name else models.DEFAULT_MODEL,
-        "texts": list(names),
-        "settings": settings.to_dict(),
-        "compress": {k: v for k, v in base.to_dict().items() if k not in ("keep", "method", "factor_bits")},
-        "dtype": str(dtype).removeprefix("torch."),
-    }
 
 
 def _work(out: Path, point: Point) -> Path:
@@ -244,7 +166,9 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
         path = point_path(out, point)
         if path.is_file():
             record = json.loads(path.read_text())
-            _check_same_sweep(path, _relevant(record["sweep"], point), _relevant(identity, point))
+            check_same_sweep(
+                path, relevant(record["sweep"], point), relevant(identity, point)
+            )
             log(f"[{number}/{len(points)}] {point.name}: finished earlier, skipped")
             records.append(record)
             continue
@@ -290,7 +214,10 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
                         model, tokenizer, config, calibration=calibration, journal=journal, clock=clock
                     )
                     record.update(_compressed(report))
-                    if any(p.floating == point and not point_path(out, p).is_file() for p in points[number:]):
+                    if any(
+                        p.floating == point and not point_path(out, p).is_file()
+                        for p in points[number:]
+                    ):
                         checkpoint.save(
                             kept, model, tokenizer, config, report, identity["model"], dtype=dtype
                         )
@@ -306,7 +233,7 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
         if not any(p.floating == point.floating and p.factor_bits != 16 for p in points[number:]):
             shutil.rmtree(kept, ignore_errors=True)  # no point left to quantize its factors
         record["seconds"] = time.perf_counter() - point_started
-        _write_atomic(path, record)
+        paths.write_output(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
         records.append(record)
         ran += 1
         elapsed = time.perf_counter() - started
@@ -343,7 +270,11 @@ def _shared_sensitivities(
     for other in later:
         if len(configs) == allocation.MEASURED_KEEPS:
             break
-        if other.method == point.method and other.factor_bits == 16 and not point_path(out, other).is_file():
+        if (
+            other.method == point.method
+            and other.factor_bits == 16
+            and not point_path(out, other).is_file()
+        ):
             config = _config(other, base)
             theirs = Journal(_work(out, other), _point_plan(identity, config))
             if theirs.allocation() is None and set(theirs.sensitivities()) == layers:
@@ -421,41 +352,3 @@ def _quantized_factors(model, tokenizer, kept: Path, point: Point) -> dict:
     record["compress_seconds"] += quantized["seconds"]
     record["timings"] = {**record["timings"], "quantization": quantized["seconds"]}
     return record
-
-
-def _relevant(identity: dict, point: Point) -> dict:
-    """The settings a point's numbers depend on: no compression setting for the dense model (but the
-    calibration windows for a GPTQ baseline), and the healing knobs only for a recipe that distils.
-    A finished point is reused whenever these match, so a dense point serves any sweep of the same
-    texts, and a new healing default leaves the others. Settings added since a point was written count
-    at their defaults (``bos``: the model's convention, which is what those points were scored with for
-    every model they ran on; distillation's relative rate, which a fixed ``lr`` leaves unused; a
-    point's factor bits are in its name, not its sweep's settings)."""
-    identity = {**identity, "settings": {**suite.EvalSettings().to_dict(), **identity["settings"]}}
-    compress = {k: v for k, v in identity["compress"].items() if k != "factor_bits"}
-    if point.method == "dense":
-        identity = {k: v for k, v in identity.items() if k != "compress"}
-        if point.quantize and point.quantize.endswith("-gptq"):
-            identity["compress"] = {k: compress[k] for k in ("calibration", "seed")}
-        return identity
-    if CompressConfig().with_recipe(point.method).heals_lora:
-        lora = {**asdict(LoraSpec()), **compress["lora"]}
-        if lora["lr"] is not None:  # one fixed rate: the relative one is not used
-            lora.pop("relative_lr")
-        return {**identity, "compress": {**compress, "lora": lora}}
-    return {**identity, "compress": {k: v for k, v in compress.items() if k != "lora"}}
-
-
-def _check_same_sweep(path: Path, found: dict, expected: dict) -> None:
-    for key in expected:
-        if found.get(key) != expected[key]:
-            raise ValueError(
-                f"{path} was made with other {key} ({found.get(key)!r}, now {expected[key]!r}): "
-                "use another --out, or delete that file to recompute it"
-            )
-
-
-def _write_atomic(path: Path, record: dict) -> None:
-    staging = path.with_suffix(".json.tmp")
-    staging.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    os.replace(staging, path)
