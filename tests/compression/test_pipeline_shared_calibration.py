@@ -13,6 +13,7 @@ from svdmlp.compression import factorise, pipeline, sensitivity
 from svdmlp.compression.journal import Journal
 from svdmlp.compression.steps.allocation import measure_shared
 from svdmlp.compression.steps.calibration import collect_shared
+from svdmlp.compression.steps.context import Run
 from svdmlp.config import CalibrationSpec, CompressConfig
 
 PLAN = {"model": "tiny"}
@@ -30,7 +31,9 @@ def _config(keep: float) -> CompressConfig:
 
 
 def test_precomputed_calibration_matches_a_full_compress(tokenizer, monkeypatch):
-    calibration = collect_shared(tiny_model("llama"), tokenizer, _config(0.9), SAMPLE_TEXT, progress=False)
+    calibration = collect_shared(
+        Run(tiny_model("llama"), tokenizer, _config(0.9), SAMPLE_TEXT, progress=False)
+    )
     for keep in (0.7, 0.5):
         fresh, shared = tiny_model("llama"), tiny_model("llama")
         expected = pipeline.compress(fresh, tokenizer, _config(keep), SAMPLE_TEXT, progress=False)
@@ -48,7 +51,7 @@ def test_precomputed_calibration_matches_a_full_compress(tokenizer, monkeypatch)
 
 def test_calibration_missing_a_layer_is_an_error(tokenizer):
     config = CompressConfig(keep=0.5, align=8, calibration=CalibrationSpec("unused", 4, 32), layers=(1,))
-    calibration = collect_shared(tiny_model("llama"), tokenizer, config, SAMPLE_TEXT, progress=False)
+    calibration = collect_shared(Run(tiny_model("llama"), tokenizer, config, SAMPLE_TEXT, progress=False))
     with pytest.raises(ValueError, match=r"the calibration given has no Grams for layers \[0\]"):
         pipeline.compress(
             tiny_model("llama"), tokenizer, _config(0.5), progress=False, calibration=calibration
@@ -79,7 +82,7 @@ def test_sensitivities_measured_once_for_several_keeps_equal_each_keeps_own(
     alone = [pipeline.compress(load(f"alone{c.keep}"), tokenizer, c, progress=False) for c in configs]
     model = load("shared")
     (tmp_path / "grams").mkdir()
-    grams = collect_shared(model, tokenizer, configs[0], progress=False, spill=tmp_path / "grams")
+    grams = collect_shared(Run(model, tokenizer, configs[0], progress=False), spill=tmp_path / "grams")
     journals = [Journal(tmp_path / f"journal{c.keep}", PLAN) for c in configs]
     divergence = sensitivity.Probe.divergence
 

@@ -289,8 +289,8 @@ def test_a_stopped_sweep_continues_inside_the_point_it_stopped_in(tmp_path, toke
 
     collect = calibration_step.collect_shared
 
-    def stopped_calibrating(model, tokenizer, config, *args, spill, **kwargs):
-        collect(model, tokenizer, config, *args, spill=spill, **kwargs)  # its Grams spilled, not recorded
+    def stopped_calibrating(run, spill):
+        collect(run, spill=spill)  # its Grams spilled, not recorded
         raise KeyboardInterrupt
 
     monkeypatch.setattr(calibration_step, "collect_shared", stopped_calibrating)

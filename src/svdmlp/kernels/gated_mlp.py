@@ -38,21 +38,14 @@ def check_gated_shapes(op: str, hidden: int, shapes: dict[str, tuple[int, int]])
     check_inner(op, "down_v_t.shape[1]", down_v[1], "hidden (x.shape[-1])", hidden)
 
 
-def check_gated_mlp(
-    x: torch.Tensor,
-    gate_up_u_t: torch.Tensor,
-    gate_v_t: torch.Tensor,
-    up_v_t: torch.Tensor,
-    down_u_t: torch.Tensor,
-    down_v_t: torch.Tensor,
-    activation: str,
-) -> None:
-    """Raise ValueError, naming the offending shapes/dtypes/devices, unless the factors fit together."""
+def check_gated_mlp(x: torch.Tensor, factors: tuple[torch.Tensor, ...], activation: str) -> None:
+    """Raise ValueError, naming the offending shapes/dtypes/devices, unless the five ``factors`` (in the
+    order of :data:`FACTORS`) fit together and with ``x``."""
     op = "lowrank_gated_mlp"
     check_activation(activation, op)
-    factors = dict(zip(FACTORS, (gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t), strict=True))
-    check_inputs(op, x, factors)
-    check_gated_shapes(op, x.shape[-1], {name: tuple(factor.shape) for name, factor in factors.items()})
+    named = dict(zip(FACTORS, factors, strict=True))
+    check_inputs(op, x, named)
+    check_gated_shapes(op, x.shape[-1], {name: tuple(factor.shape) for name, factor in named.items()})
 
 
 def lowrank_gated_mlp(
@@ -90,7 +83,7 @@ def lowrank_gated_mlp(
     The Triton backend runs this or the unfused chain, whichever measures faster for the shape
     (:mod:`svdmlp.backends.choice`); the launch model predicts each launch (``svdmlp plan --launches``).
     """
-    check_gated_mlp(x, gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t, activation)
+    check_gated_mlp(x, (gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t), activation)
     check_device("lowrank_gated_mlp", x, _gated_expand_kernel)
     x2d = flatten_tokens(x)
     m, hidden_size = x2d.shape

@@ -46,6 +46,7 @@ from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import CompressionReport, count_parameters
 from svdmlp.compression.steps import allocation, quantization
 from svdmlp.compression.steps import calibration as calibration_step
+from svdmlp.compression.steps.context import Run
 from svdmlp.config import CompressConfig
 from svdmlp.evaluate import suite
 from svdmlp.quantize import quantize_mlp
@@ -166,9 +167,7 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
         path = point_path(out, point)
         if path.is_file():
             record = json.loads(path.read_text())
-            check_same_sweep(
-                path, relevant(record["sweep"], point), relevant(identity, point)
-            )
+            check_same_sweep(path, relevant(record["sweep"], point), relevant(identity, point))
             log(f"[{number}/{len(points)}] {point.name}: finished earlier, skipped")
             records.append(record)
             continue
@@ -214,10 +213,7 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
                         model, tokenizer, config, calibration=calibration, journal=journal, clock=clock
                     )
                     record.update(_compressed(report))
-                    if any(
-                        p.floating == point and not point_path(out, p).is_file()
-                        for p in points[number:]
-                    ):
+                    if any(p.floating == point and not point_path(out, p).is_file() for p in points[number:]):
                         checkpoint.save(
                             kept, model, tokenizer, config, report, identity["model"], dtype=dtype
                         )
@@ -270,11 +266,7 @@ def _shared_sensitivities(
     for other in later:
         if len(configs) == allocation.MEASURED_KEEPS:
             break
-        if (
-            other.method == point.method
-            and other.factor_bits == 16
-            and not point_path(out, other).is_file()
-        ):
+        if other.method == point.method and other.factor_bits == 16 and not point_path(out, other).is_file():
             config = _config(other, base)
             theirs = Journal(_work(out, other), _point_plan(identity, config))
             if theirs.allocation() is None and set(theirs.sensitivities()) == layers:
@@ -297,7 +289,7 @@ def _shared_calibration(
     if calibration is not None and (calibration.outputs or not config.needs_output_grams):
         return calibration
     log(f"{prefix} collecting calibration Grams once for every keep")
-    calibration = calibration_step.collect_shared(model, tokenizer, config, spill=shared)
+    calibration = calibration_step.collect_shared(Run(model, tokenizer, config), spill=shared)
     if journal is not None:
         journal.calibrated(calibration)
     return calibration

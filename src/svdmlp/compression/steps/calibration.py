@@ -72,22 +72,12 @@ def shared(model: nn.Module, config: CompressConfig) -> bool:
     return config.needs_output_grams or (config.needs_dense_grams and lazy.of(model) is None)
 
 
-def collect_shared(
-    model: nn.Module,
-    tokenizer,
-    config: CompressConfig,
-    calibration_text: str | None = None,
-    progress: bool = True,
-    spill: Path | None = None,
-) -> Calibration:
-    """Collect the Grams compressing with ``config`` at any keep needs from the dense ``model``, to
-    share between compressions (a sweep's keeps).
-
-    A model in memory gets every Gram it uses; a model on disk only the output-gradient Grams, kept in
-    ``spill`` (its input Grams are made one layer at a time by each compression).
-    """
-    run = Run(model, tokenizer, config, calibration_text, progress)
-    return collect(run, config.needs_dense_grams and run.in_memory, spill)
+def collect_shared(run: Run, spill: Path | None = None) -> Calibration:
+    """The Grams compressing ``run``'s model with its config needs at any keep, to share between
+    compressions (a sweep's keeps): a model in memory gets every Gram it uses, a model on disk only the
+    output-gradient Grams, kept in ``spill`` (its input Grams are made one layer at a time by each
+    compression)."""
+    return collect(run, run.config.needs_dense_grams and run.in_memory, spill)
 
 
 def cost(s: Sizes) -> tuple[float, float] | None:
