@@ -713,3 +713,20 @@ def test_every_file_has_the_same_mode(saved):
     directory, _ = saved
     modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in directory.iterdir() if path.is_file()}
     assert len(set(modes.values())) == 1, modes
+
+
+def test_a_checkpoint_an_earlier_svdmlp_wrote_loads_to_the_same_logits():
+    """tests/data/format4: a tiny Llama compressed with the default recipe by svdmlp as it was on
+    2026-12-07 (format 4, before the renovation of compression and the record's digest), with the
+    logits that version's ``svdmlp.load`` gave; loaded by this one, and by transformers, unchanged."""
+    import transformers
+    from safetensors.torch import load_file
+
+    data = Path(__file__).parent / "data" / "format4"
+    expected = load_file(data / "logits.safetensors")
+    assert checkpoint.read_metadata(data / "checkpoint")["format_version"] == 4
+    model, _ = checkpoint.load(data / "checkpoint", backend="torch")
+    served = transformers.AutoModelForCausalLM.from_pretrained(data / "checkpoint")
+    with torch.no_grad():
+        for loaded in (model, served):
+            assert torch.equal(loaded(input_ids=expected["input_ids"]).logits, expected["logits"])
