@@ -326,9 +326,24 @@ def _one_line_error(ckpt, **kwargs) -> str:
     return message
 
 
-def test_ranks_that_do_not_match_the_weights(ckpt):
+def _manifest_layers(ckpt, edit) -> None:
+    """Edit the ranks config.json's quantization_config records (the model's skeleton is built from
+    them), as a hand edit of both records would; the files' hashes then no longer match."""
+    _edit_config(ckpt, lambda config: edit(config["quantization_config"]["layers"]))
+
+
+def test_a_report_that_disagrees_with_the_manifest_is_refused(ckpt):
     edit_metadata(ckpt, lambda m: m["report"]["layers"][0]["projections"][0].update(rank=24))
     assert _one_line_error(ckpt) == (
+        f"checkpoint {ckpt}: config.json's quantization_config and svdmlp.json's report record other "
+        "ranks or factor bits (edited by hand?): compress again"
+    )
+
+
+def test_ranks_that_do_not_match_the_weights(ckpt):
+    edit_metadata(ckpt, lambda m: m["report"]["layers"][0]["projections"][0].update(rank=24))
+    _manifest_layers(ckpt, lambda layers: layers["0"].update(gate=24))
+    assert _one_line_error(ckpt, verify=False) == (
         f"checkpoint {ckpt} does not match its recorded architecture: 2 of another shape "
         "(model.layers.0.mlp.gate_up_u_t 64x32 instead of 64x40, model.layers.0.mlp.gate_v_t 16x96 instead of "
         "24x96); its svdmlp.json and weights disagree (save the checkpoint again)"
@@ -337,11 +352,12 @@ def test_ranks_that_do_not_match_the_weights(ckpt):
 
 def test_layer_recorded_as_skipped_but_stored_compressed(ckpt):
     edit_metadata(ckpt, lambda m: m["report"]["layers"][1].update(status="skipped", projections=[]))
+    _manifest_layers(ckpt, lambda layers: layers.pop("1"))
     assert (
         "does not match its recorded architecture: 3 missing (model.layers.1.mlp.down_proj.weight, "
         "model.layers.1.mlp.gate_proj.weight, model.layers.1.mlp.up_proj.weight), 5 unexpected "
         "(model.layers.1.mlp.down_u_t, model.layers.1.mlp.down_v_t, model.layers.1.mlp.gate_up_u_t and 2 more); "
-    ) in _one_line_error(ckpt)
+    ) in _one_line_error(ckpt, verify=False)
 
 
 def test_tensor_missing_from_the_weights(ckpt):
@@ -704,7 +720,8 @@ def test_a_factor_scheme_this_svdmlp_cannot_read_is_refused(tokenizer, text_file
         "(factor bits must be one of [4, 8, 16], got 3)"
     )
     edit_metadata(directory, lambda m: m["config"].update(factor_bits=4))  # another scheme's shapes
-    assert "does not match its recorded architecture" in _one_line_error(directory)
+    _edit_config(directory, lambda config: config["quantization_config"].update(factor_bits=4))
+    assert "does not match its recorded architecture" in _one_line_error(directory, verify=False)
 
 
 def test_every_file_has_the_same_mode(saved):

@@ -278,6 +278,23 @@ def _retie(model: nn.Module, aliases: dict[str, str]) -> None:
         setattr(model.get_submodule(owner), attribute, shared)
 
 
+def _manifest(directory, config, metadata: dict) -> quant_config.QuantSpec:
+    """Each compressed layer's ranks and the factors' bits, which the model's skeleton is built from:
+    the manifest in ``config.json`` (format 4 on, the one transformers and vLLM read), checked against
+    the report in ``svdmlp.json``; an older checkpoint's report alone."""
+    recorded = quant_config.of_checkpoint(metadata["report"], metadata["config"])
+    record = getattr(config, "quantization_config", None)
+    if record is None:
+        return recorded
+    manifest = quant_config.parse(record)
+    if (manifest.layers, manifest.factor_bits) != (recorded.layers, recorded.factor_bits):
+        raise ValueError(
+            f"checkpoint {directory}: config.json's quantization_config and svdmlp.json's report record "
+            "other ranks or factor bits (edited by hand?): compress again"
+        )
+    return manifest
+
+
 def load(
     directory: str | os.PathLike,
     backend: str = "auto",
@@ -315,11 +332,8 @@ def load(
     # (the rotary frequencies) stay so, where casting the whole model afterwards rounded them.
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=compute)
-    report = CompressionReport.from_dict(metadata["report"])
-    layers = {layer.index: layer.ranks for layer in report.layers if layer.status == "compressed"}
-    # How the factors are stored (None: floating point); read_metadata has checked the bits.
-    scheme = factor_scheme(metadata["config"].get("factor_bits", 16))
-    lowrank.install_skeleton(model, layers, compute, scheme)
+    manifest = _manifest(directory, config, metadata)
+    lowrank.install_skeleton(model, manifest.layers, compute, factor_scheme(manifest.factor_bits))
     state = {}
     for name in weight_files(metadata):
         weights = Path(directory).expanduser() / name
