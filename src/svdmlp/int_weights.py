@@ -330,3 +330,11 @@ class QuantizedMatrix(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, scheme={self.scheme.name}"
+
+
+def stored_bytes(factor: torch.Tensor | QuantizedMatrix) -> int:
+    """Bytes a factor takes as stored, whether floating point or quantized (packed, with its scales):
+    the one place the two kinds are told apart for their size."""
+    if isinstance(factor, QuantizedMatrix):
+        return factor.nbytes()
+    return factor.numel() * factor.element_size()

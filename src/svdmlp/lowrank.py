@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from svdmlp import arch, backends
 from svdmlp.decompose import Factors
-from svdmlp.int_weights import QuantizedMatrix, Scheme
+from svdmlp.int_weights import QuantizedMatrix, Scheme, stored_bytes
 
 
 def _empty(rows: int, cols: int, dtype: torch.dtype, device) -> nn.Parameter:
@@ -64,10 +64,7 @@ class _Factored(nn.Module):
 
     def factor_bytes(self) -> int:
         """Bytes of the factors as stored: packed with their scales when quantized."""
-        return sum(
-            f.nbytes() if isinstance(f, QuantizedMatrix) else f.numel() * f.element_size()
-            for f in (getattr(self, name) for name in self.FACTORS)
-        )
+        return sum(stored_bytes(getattr(self, name)) for name in self.FACTORS)
 
 
 class LowRankLinear(_Factored):

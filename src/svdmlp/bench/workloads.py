@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from svdmlp.int_weights import QuantizedMatrix, Scheme
+from svdmlp.int_weights import QuantizedMatrix, Scheme, stored_bytes
 
 # Rotate among copies of the weights until they span three L2 caches, so that no call finds its
 # weights still cached by the previous one: in a decoder, every other layer's weights pass through
@@ -63,7 +63,7 @@ class LowRankMLP:
     @property
     def nbytes(self) -> int:
         """Bytes as stored: quantized factors packed, with their scales."""
-        return sum(f.nbytes() if isinstance(f, QuantizedMatrix) else f.nbytes for f in self.factors)
+        return sum(stored_bytes(f) for f in self.factors)
 
 
 def _randn(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
