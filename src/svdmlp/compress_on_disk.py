@@ -98,13 +98,11 @@ def compress_to(
     checkpoint.check_target(out, overwrite)  # fail before minutes of work, not after
     out = Path(out).expanduser().resolve()
     if dry_run:
-        journal = (
-            workspace.journal(out, workspace.plan(name, config, dtype), config, resume) if resume else None
-        )
+        plan = workspace.plan(name, config, dtype)
+        journal = workspace.journal(out, plan, config, repair=False) if resume else None  # reads only
         if journal is not None and journal.summary():
-            log(
-                f"the prediction is of what is left by the stopped run in {journal.directory}: {journal.summary()} done"
-            )
+            kept = f"{journal.directory}: {journal.summary()} done"
+            log(f"the prediction is of what is left by the stopped run in {kept}")
         predicted, _, lines = workspace.check(shapes, config, out, journal, max_memory, save_dtype.itemsize)
         for line in lines:
             log(line)

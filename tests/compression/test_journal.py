@@ -151,3 +151,24 @@ def test_the_factorisation_is_done_once_every_layer_the_allocation_chose_is_stor
     assert record.chosen() == 2 and record.done == ["allocation"]
     record.stored(LayerRecord(5, "model.layers.5.mlp", "compressed"), _layer_file(tmp_path, 5))
     assert journal.Journal(tmp_path, PLAN).done == ["allocation", "factorisation"]
+
+
+def test_a_journal_opened_to_read_finds_the_same_and_changes_nothing_on_disk(tmp_path):
+    """What a dry run opens, maybe beside the run that writes the directory: it must not repair."""
+    record = journal.Journal(tmp_path, PLAN)
+    for index in (0, 1):
+        record.stored(LayerRecord(index, f"m.{index}", "compressed"), _layer_file(tmp_path, index))
+    record.before_healing()  # distillation stopped after it had rewritten layer 0
+    lazy.save_atomic({"w": torch.full((4,), 9.0)}, tmp_path / "layer0.safetensors", {})
+    data = (tmp_path / "layer1.safetensors").read_bytes()
+    (tmp_path / "layer1.safetensors").write_bytes(data[:-8] + bytes(8))
+    before = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    read = journal.Journal(tmp_path, PLAN, repair=False)
+    assert sorted(read.layers()) == [0]  # layer 0 as it was before distillation, layer 1 damaged
+    assert read.notes == ["the kept file of layer 1 failed its check: compressed again"]
+    assert {path.name: path.read_bytes() for path in tmp_path.iterdir()} == before
+    with pytest.raises(ValueError, match="records nothing"):
+        read.stopped()
+    repaired = journal.Journal(tmp_path, PLAN)  # the run itself puts layer 0 back and drops layer 1
+    assert sorted(repaired.layers()) == [0] and not (tmp_path / "layer1.safetensors").exists()
+    assert not (tmp_path / "layer0.safetensors.before").exists()

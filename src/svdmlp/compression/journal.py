@@ -54,13 +54,15 @@ def resumable(config: CompressConfig) -> bool:
 
 class Journal:
     """The progress of one plan (the model, the compression config, the dtype) in ``directory``.
+    Opened with ``repair=False`` (a prediction of what is left, which may run beside the run that
+    writes the directory) it reads and checks, and changes nothing on disk.
 
     Raises:
         ValueError: the directory holds the progress of another plan, or an unreadable journal.
     """
 
-    def __init__(self, directory: str | os.PathLike, plan: dict):
-        self.directory = Path(directory)
+    def __init__(self, directory: str | os.PathLike, plan: dict, repair: bool = True):
+        self.directory, self.repair = Path(directory), repair
         self.path = self.directory / JOURNAL_FILE
         self.state: dict = {"plan": plan}
         if self.path.is_file():
@@ -83,6 +85,8 @@ class Journal:
         self._check_files()
 
     def _write(self) -> None:
+        if not self.repair:
+            raise ValueError("a journal opened to read (repair=False) records nothing")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.state["seconds"] = self.clock.totals()
         paths.write_output(self.path, json.dumps(self.state, indent=1))  # on disk (fsync) before it counts
@@ -93,20 +97,27 @@ class Journal:
         ran (its layers' files put back as they were before it). A compressed layer that fails is
         compressed again (to the same factors: from the same inputs), or every layer and the healing
         where distillation had changed them all; a calibration whose Grams fail is collected again.
-        Nothing that failed a check is read."""
-        files = {int(index): name for index, (name, _) in self.state.get("layer_files", {}).items()}
-        for name in files.values():
-            path = self.directory / name
+        Nothing that failed a check is read. Without :attr:`repair`, the same is found and nothing
+        on disk changes."""
+        files = {
+            int(index): self.directory / name
+            for index, (name, _) in self.state.get("layer_files", {}).items()
+        }
+        for index, path in files.items():
             before = path.with_name(path.name + distill.BEFORE)
             if before.is_file() and self.healing() is None:
+                if not self.repair:
+                    files[index] = before  # what a continued run would put back
+                    continue
                 os.replace(before, path)
-            before.unlink(missing_ok=True)
-            path.with_name(path.name + distill.ADAMW).unlink(missing_ok=True)
+            if self.repair:
+                before.unlink(missing_ok=True)
+                path.with_name(path.name + distill.ADAMW).unlink(missing_ok=True)
         digests = {int(index): digest for index, (_, digest) in self.state.get("layer_files", {}).items()}
         bad = sorted(
             index
             for index in map(int, self.state.get("layers", {}))
-            if index not in files or not lazy.intact(self.directory / files[index], digests[index])
+            if index not in files or not lazy.intact(files[index], digests[index])
         )
         if bad and self.healing() is not None:
             self.notes.append(
@@ -120,7 +131,7 @@ class Journal:
         for index in bad:
             del self.state["layers"][str(index)]
             name = self.state.get("layer_files", {}).pop(str(index), [None])[0]
-            if name is not None:
+            if name is not None and self.repair:
                 (self.directory / name).unlink(missing_ok=True)
         calibration = self.state.get("calibration")
         failed = calibration is not None and any(
@@ -130,7 +141,7 @@ class Journal:
         if failed:
             self.notes.append("the calibration's output-gradient Grams failed their check: collected again")
             del self.state["calibration"]
-        if bad or failed:
+        if (bad or failed) and self.repair:
             self._write()
 
     def _needed(self, index: int) -> bool:

@@ -35,10 +35,13 @@ def plan(model: str, config: CompressConfig, dtype) -> dict:
     return {"model": model, "config": config.to_dict(), "dtype": str(dtype).removeprefix("torch.")}
 
 
-def journal(out: Path, plan: dict, config: CompressConfig, resume: bool = True) -> Journal | None:
+def journal(
+    out: Path, plan: dict, config: CompressConfig, resume: bool = True, repair: bool = True
+) -> Journal | None:
     """The journal of ``plan`` in the work directory of ``out`` (what a stopped run left done, its kept
     files checked), or None for a plan that cannot continue. ``resume=False`` starts again: a stopped
-    run's work is deleted first.
+    run's work is deleted first. ``repair=False`` (a dry run) changes nothing on disk
+    (:class:`~svdmlp.compression.journal.Journal`).
 
     Raises:
         ValueError: the work directory holds a stopped run of another plan (kept: that run's command
@@ -47,9 +50,9 @@ def journal(out: Path, plan: dict, config: CompressConfig, resume: bool = True) 
     if not resumable(config):
         return None
     directory = work_directory(out)
-    if not resume:
+    if not resume and repair:
         shutil.rmtree(directory, ignore_errors=True)
-    return Journal(directory, plan)
+    return Journal(directory, plan, repair)
 
 
 @contextmanager

@@ -132,14 +132,14 @@ def stopped(
         ValueError: ``out`` holds the stopped work of other settings.
     """
     identity = sweep_identity(model_name, names, settings, base, dtype)
-    calibrated = Journal(out / SHARED, _shared_plan(identity)).calibration() is not None
+    calibrated = Journal(out / SHARED, _shared_plan(identity), repair=False).calibration() is not None
     shared = ("calibration",) if calibrated else ()
     done = []
     for point in points:
         if point.method == "dense":
             done.append(footprint.Done())
             continue
-        journal = Journal(_work(out, point), _point_plan(identity, _config(point, base)))
+        journal = Journal(_work(out, point), _point_plan(identity, _config(point, base)), repair=False)
         done.append(footprint.Done.of(journal, shared))
     return done
 
