@@ -69,6 +69,7 @@ def test_checkpoint_and_base_on_text_and_task(setup, capsys, tmp_path):
     assert summary["ratio_to_dense"] == {
         "ratios": {str(text): compressed / dense},
         "geomean": pytest.approx(compressed / dense),
+        "groups": {},  # a file is in neither the held-out domains nor an unseen suite
     }
     assert summary["calibration"]["sources"] == [[str(text), 1.0]]
     assert f"calibrated on 128 tokens of: {text} 1.00 (token SHA-256 " in out

@@ -16,7 +16,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "target", nargs="?", default=None, help="checkpoint directory or model (default: built-in model)"
     )
-    options.add_perplexity(p, "every built-in held-out domain unless only --dataset or --tasks are given")
+    options.add_perplexity(
+        p, "every built-in held-out domain and the report suite, unless only --dataset or --tasks are given"
+    )
     options.add_tasks(p)
     p.add_argument("--no-baseline", action="store_true", help="skip the dense base model of a checkpoint")
     p.add_argument(
@@ -48,7 +50,9 @@ def run(args: argparse.Namespace) -> options.Outcome:
         raise ValueError("--gptq chooses how --quantize rounds: give --quantize int8 or int4")
     settings = options.eval_settings(args)
     # Tasks alone ask for no perplexity: the default texts apply only when nothing else is asked for.
-    sources = options.eval_sources(args, () if args.tasks else corpora.HELDOUT_SOURCES)
+    sources = options.eval_sources(
+        args, () if args.tasks else corpora.HELDOUT_SOURCES + corpora.UNSEEN_SOURCES
+    )
     device, dtype = options.runtime(args)
     model, tokenizer, metadata = checkpoint.load_any(args.target, args.backend, dtype, device)
     texts = options.eval_texts(args, sources, tokenizer)
@@ -190,7 +194,7 @@ def eval_table(rows: list[dict], text_names: list[str], task_names: list[str] = 
         which = "quantized" if rows[1]["kind"].startswith("dense") else "compressed"
         table += f"\n{which} / dense perplexity: {ratios}"
         if len(text_names) > 1:
-            table += f"; geometric mean x{summary['geomean']:.3f}"
+            table += f"\n{suite.means_line(summary)}"
     if len(rows) == 2 and task_names:
         deltas = [
             f"{task} {metric} {after - before:+.4f}"

@@ -249,7 +249,10 @@ def add_perplexity(parser: argparse.ArgumentParser, default_texts: str) -> None:
         "--text",
         action="append",
         default=None,
-        help=f"text file or built-in source, e.g. python-heldout (repeatable; default: {default_texts})",
+        help=(
+            "text file, built-in source (python-heldout, report-latex) or suite of unseen texts (dev, report) "
+            f"(repeatable; default: {default_texts})"
+        ),
     )
     parser.add_argument(
         "--dataset", action="append", default=[], help="wikitext2, ptb or c4 through `datasets` (repeatable)"
@@ -331,7 +334,7 @@ def eval_sources(args: argparse.Namespace, default: tuple[str, ...] = ()) -> lis
     unknown = sorted(set(files) - set(args.dataset))
     if unknown:
         raise ValueError(f"--data-files given for {unknown}, which are not among --dataset {args.dataset}")
-    sources = args.text or ([] if args.dataset else list(default))
+    sources = corpora.expand(args.text or ([] if args.dataset else list(default)))
     names = [*sources, *args.dataset]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:

@@ -71,7 +71,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "written to --out)",
     )
     p.add_argument("--out", type=Path, required=True, help="folder for points, report.md and plots")
-    options.add_perplexity(p, "every built-in held-out domain unless --dataset is given")
+    options.add_perplexity(
+        p, "every built-in held-out domain and the report suite, unless --dataset is given"
+    )
     options.add_align(p)
     options.add_calibration(p, samples=None)
     p.add_argument(
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
         lora=options.lora_spec(args),
     )
     # Unlike eval, tasks do not drop the default texts: a sweep's report is built around perplexity.
-    names = options.eval_sources(args, corpora.HELDOUT_SOURCES)
+    names = options.eval_sources(args, corpora.HELDOUT_SOURCES + corpora.UNSEEN_SOURCES)
     device, dtype = options.runtime(args)
     print(f"sweep of {len(points)} points into {args.out}: {', '.join(p.name for p in points)}")
     left = [p for p in points if not point_path(Path(args.out), p).is_file()]

