@@ -30,6 +30,10 @@ SELF_BATCH = 8
 # validation windows of the calibration texts (0, 0.1, 1) on SmolLM2-135M; 0.1 and 0 differ by 2%
 # in held-out perplexity ratio, both far from input whitening alone (BENCHMARKS.md).
 FISHER_DAMPING = 0.1
+# The input Gram G of every whitened factorisation is used as G + INPUT_DAMPING·mean(diag G)·I: with
+# none, a direction the calibration text never excited weighs nothing and its error is unbounded, which
+# text unlike the calibration then pays for (issue 53; BENCHMARKS.md).
+INPUT_DAMPING = 0.0
 
 
 def token_windows(tokenizer, text: str, num_samples: int, seq_len: int, seed: int) -> torch.Tensor:
@@ -217,10 +221,13 @@ class LayerGrams:
         """The whitening of ``projection``'s input (gate and up share one)."""
         key = self._input_of(projection)
         if not self.keep_whitenings:
-            return self._whitenings.get(key) or decompose.Whitening.from_gram(getattr(self, key))
+            return self._whitenings.get(key) or self._whiten(key)
         if key not in self._whitenings:
-            self._whitenings[key] = decompose.Whitening.from_gram(getattr(self, key))
+            self._whitenings[key] = self._whiten(key)
         return self._whitenings[key]
+
+    def _whiten(self, key: str) -> decompose.Whitening:
+        return decompose.Whitening.from_gram(getattr(self, key), damping=INPUT_DAMPING)
 
     def decomposition(self, weight: torch.Tensor, projection: str) -> decompose.Decomposition:
         """The SVD of ``projection``'s weight whitened by its input Gram and, with ``outputs``, weighted
