@@ -48,3 +48,21 @@ def test_memory_points_name_the_keep_and_factor_width_and_skip_unknown_sizes():
 def test_memory_points_name_the_recipe_where_several_ran():
     labels = [label for label, _, _ in markdown._memory_points(_records("svd"))]
     assert labels[2:] == ["whiten keep 0.8", "whiten keep 0.8, factors int4", "svd keep 0.8"]
+
+
+def test_table_gives_the_in_domain_and_unseen_means_apart():
+    texts = ["python-heldout", "gsm8k-heldout", "report-css"]
+    dense = {"point": "dense", "target_keep": 1.0, "achieved_keep": 1.0, "compress_seconds": 0.0}
+    dense["perplexity"] = {"python-heldout": 2.0, "gsm8k-heldout": 4.0, "report-css": 3.0}
+    point = {**dense, "point": "keep0.8", "target_keep": 0.8, "achieved_keep": 0.8}
+    point["perplexity"] = {"python-heldout": 2.5, "gsm8k-heldout": 4.4, "report-css": 6.0}
+    table = markdown._table([{**dense, "method": "dense"}, {**point, "method": "fisher"}], texts, [])
+    header, _, _, row = table.splitlines()
+    assert header.split("|")[-4:-1] == [
+        " geomean ×dense, in-domain ",
+        " geomean ×dense, unseen ",
+        " geomean ×dense ",
+    ]
+    in_domain, unseen, everything = (cell.strip() for cell in row.split("|")[-4:-1])
+    assert in_domain == f"×{(1.25 * 1.1) ** 0.5:.3g}" and unseen == "×2"
+    assert everything == f"×{(1.25 * 1.1 * 2.0) ** (1 / 3):.3g}"
