@@ -60,3 +60,17 @@ def test_bos_can_be_forced_or_left_out_and_the_protocol_says_so(tokenizer):
     assert f"BOS {bos} first (asked)" in settings.protocol(torch.float32, "cpu", bos, None)
     with pytest.raises(ValueError, match="bos must be one of"):
         suite.EvalSettings(bos="sometimes")
+
+
+def test_a_perplexity_that_is_not_finite_is_a_failure():
+    rows = [
+        {"kind": "dense", "perplexity": {"a": 3.0, "b": 4.0}, "tasks": {}},
+        {"kind": "compressed", "perplexity": {"a": math.nan, "b": math.inf}, "tasks": {}},
+    ]
+    lines = suite.failures(rows)
+    assert [line.split(":")[0] for line in lines] == [
+        "perplexity of a on compressed is nan",
+        "perplexity of b on compressed is inf",
+    ]
+    assert all(line.endswith("try --dtype float32") for line in lines)
+    assert suite.failures(rows[:1]) == []

@@ -172,8 +172,17 @@ def means_line(summary: dict) -> str:
 
 
 def failures(rows: list[dict]) -> list[str]:
-    """One line per task that has no score in some row, with its reason."""
-    return [
+    """One line per task that has no score in some row, with its reason, and per perplexity that is
+    not a finite number (finite weights can still overflow in half precision): a run with either
+    exits 1, so that a script never takes a NaN for a result."""
+    lines = [
+        f"perplexity of {name} on {row['kind']} is {value}: the model's outputs overflowed or the "
+        "text has no scorable token; try --dtype float32"
+        for row in rows
+        for name, value in row.get("perplexity", {}).items()
+        if not math.isfinite(value)
+    ]
+    return lines + [
         f"task {task} failed on {row['kind']}: {result['error']}"
         for row in rows
         for task, result in row.get("tasks", {}).items()
