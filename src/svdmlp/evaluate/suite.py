@@ -8,6 +8,7 @@ reproducible: the protocol line, versions, seed and the definition of keep.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass
 
 import torch
@@ -147,17 +148,17 @@ def ratios_to_dense(dense: dict[str, float], compressed: dict[str, float]) -> di
             members.setdefault(group, []).append(name)
     return {
         "ratios": ratios,
-        "geomean": geometric_mean(list(ratios.values())),
+        "geomean": _geometric_mean(list(ratios.values())),
         "groups": {
-            group: {"geomean": geometric_mean([ratios[n] for n in texts]), "texts": texts}
+            group: {"geomean": _geometric_mean([ratios[n] for n in texts]), "texts": texts}
             for group, texts in members.items()
         },
     }
 
 
-def geometric_mean(values: list[float]) -> float | None:
+def _geometric_mean(values: list[float]) -> float | None:
     """The geometric mean of positive ``values`` (None for none)."""
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+    return statistics.geometric_mean(values) if values else None
 
 
 def means_line(summary: dict) -> str:

@@ -20,7 +20,6 @@ machine plus the same fixed cost. Every number here is a prediction for the devi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -411,7 +410,3 @@ def rule_problems(hw: Hardware, row: MLPLaunches) -> list[str]:
         if row.m <= IN_FLIGHT_MAX_TOKENS and in_flight is not None and in_flight < IN_FLIGHT_RULE_BYTES:
             problems.append(f"{where}: {in_flight / 1024:.0f} KB of weights in flight per SM")
     return problems
-
-
-def geometric_mean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
