@@ -39,10 +39,13 @@ class Package:
     requirement: str  # "name==version"
     wheel: str  # the downloaded file's glob
 
-    def members(self) -> dict[str, bytes]:
+    def read(self, select: Callable[[list[str]], list[str]]) -> list[tuple[str, bytes]]:
+        """``(name, bytes)`` of the members ``select`` picks from the sorted file names, in its order
+        (only those are read: Sphinx's wheel holds 15 MB, a text a few files of it)."""
         path = fetch.cached_wheel(self.requirement, self.wheel, "unseen-text")
         with zipfile.ZipFile(path) as archive:
-            return {name: archive.read(name) for name in archive.namelist() if not name.endswith("/")}
+            names = sorted(name for name in archive.namelist() if not name.endswith("/"))
+            return [(name, archive.read(name)) for name in select(names)]
 
 
 CHATTERBOT = Package("chatterbot-corpus==1.3.3", "chatterbot_corpus-*.whl")
@@ -125,11 +128,10 @@ class UnseenText:
         return f"{self.suite}-{self.short}"
 
     def documents(self) -> list[str]:
-        members = self.package.members()
-        chosen = self.select(sorted(members))
+        chosen = self.package.read(self.select)
         if not chosen:
             raise ValueError(f"{self.package.requirement} holds none of the files of the {self.name} text")
-        return [text for name in chosen if (text := self.render(name, members[name]).strip())]
+        return [text for name, data in chosen if (text := self.render(name, data).strip())]
 
 
 def _under(folder: str, suffix: str, *, parity: int | None = None) -> Callable[[list[str]], list[str]]:
