@@ -127,3 +127,17 @@ def test_block_kl_sums_over_aligned_blocks_and_refuses_misaligned_ones():
         sensitivity.block_kl([p[:3], p[3:]], iter([q[:3]]))
     with pytest.raises(ValueError, match="more"):
         sensitivity.block_kl([p[:3]], iter([q[:3], q[3:]]))
+
+
+def test_summed_kl_is_the_formula_to_the_bit_and_distillation_loss_is_its_mean():
+    """The probes and distillation share one KL; it must equal the written-out formula exactly, so
+    that giving it one home changed no demo digit."""
+    from svdmlp.compression.heal.distill import token_kl
+
+    generator = torch.Generator().manual_seed(3)
+    student, teacher = (torch.randn(2, 9, 1000, generator=generator) * 3 for _ in range(2))
+    p = torch.log_softmax(teacher, -1).flatten(0, -2)
+    q = torch.log_softmax(student, -1).flatten(0, -2)
+    assert torch.equal(sensitivity.summed_kl(p, q), (p.exp() * (p - q)).sum())
+    batchmean = torch.nn.functional.kl_div(q, p, log_target=True, reduction="batchmean")
+    assert torch.equal(token_kl(student, teacher), batchmean)

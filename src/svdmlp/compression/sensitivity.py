@@ -22,6 +22,7 @@ from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from svdmlp import arch, lazy, ranks
 from svdmlp.compression import factorise
@@ -98,6 +99,13 @@ class _Replay(nn.Module):
         return self.output
 
 
+def summed_kl(dense: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``Σ p·(log p − log q)`` over the rows of two ``(rows, vocab)`` log-probabilities, ``dense``
+    (``log p``) and ``other`` (``log q``): the one formula of KL here, for the probes and for
+    distillation's loss (differentiable)."""
+    return F.kl_div(other, dense, log_target=True, reduction="sum")
+
+
 def block_kl(dense: Iterable[torch.Tensor], blocks: Iterable[torch.Tensor]) -> float:
     """Summed over rows, ``KL(p ‖ q)`` of aligned blocks of log-probabilities (:func:`log_prob_blocks`
     of the dense model and of another, in the same order)."""
@@ -106,7 +114,7 @@ def block_kl(dense: Iterable[torch.Tensor], blocks: Iterable[torch.Tensor]) -> f
         q = next(student, None)
         if q is None:
             raise ValueError("fewer blocks than the dense model's")
-        total += float((p.exp() * (p - q)).sum())
+        total += float(summed_kl(p, q))
         del q
     if next(student, None) is not None:
         raise ValueError("more blocks than the dense model's")

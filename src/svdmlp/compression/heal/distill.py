@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from svdmlp import arch, lazy, lowrank
 from svdmlp.compression.layer_inputs import capture, head_gradient, input_gradient, run_layer
-from svdmlp.compression.sensitivity import block_kl, log_prob_blocks
+from svdmlp.compression.sensitivity import block_kl, log_prob_blocks, summed_kl
 from svdmlp.config import LoraSpec
 
 # Fraction of the steps spent warming the learning rate up (at least one step).
@@ -130,7 +130,7 @@ def token_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torc
     """Mean over tokens of ``KL(teacher ‖ student)`` of the next-token distributions, in float32."""
     student = F.log_softmax(student_logits.float(), dim=-1).flatten(0, -2)
     teacher = F.log_softmax(teacher_logits.float(), dim=-1).flatten(0, -2)
-    return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+    return summed_kl(teacher, student) / student.shape[0]
 
 
 @torch.no_grad()
