@@ -21,6 +21,7 @@ LAYERS = (
         "svdmlp.arch",
         "svdmlp.ranks",
         "svdmlp.cuda_graphs",
+        "svdmlp.factor_layout",
         "svdmlp.lazy",
         "svdmlp.paths",
         "svdmlp.plots",

@@ -332,9 +332,13 @@ class QuantizedMatrix(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, scheme={self.scheme.name}"
 
 
+def is_quantized(factor: torch.Tensor | QuantizedMatrix) -> bool:
+    """Whether a factor is stored quantized: the one place the two kinds of factor are told apart."""
+    return isinstance(factor, QuantizedMatrix)
+
+
 def stored_bytes(factor: torch.Tensor | QuantizedMatrix) -> int:
-    """Bytes a factor takes as stored, whether floating point or quantized (packed, with its scales):
-    the one place the two kinds are told apart for their size."""
-    if isinstance(factor, QuantizedMatrix):
+    """Bytes a factor takes as stored, whether floating point or quantized (packed, with its scales)."""
+    if is_quantized(factor):
         return factor.nbytes()
     return factor.numel() * factor.element_size()

@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from svdmlp import arch, backends
 from svdmlp.decompose import Factors
+from svdmlp.factor_layout import FACTORS, GatedFactors
 from svdmlp.int_weights import QuantizedMatrix, Scheme, stored_bytes
 
 
@@ -99,7 +100,7 @@ class LowRankGatedMLP(_Factored):
     ``gate_up_u_t (hidden, r_gate + r_up)``.
     """
 
-    FACTORS = ("gate_up_u_t", "gate_v_t", "up_v_t", "down_u_t", "down_v_t")
+    FACTORS = FACTORS
 
     def __init__(
         self,
@@ -132,9 +133,11 @@ class LowRankGatedMLP(_Factored):
         self.down_v_t.copy_(factors["down"].v.T)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return backends.get(self.backend).lowrank_gated_mlp(
-            x, self.gate_up_u_t, self.gate_v_t, self.up_v_t, self.down_u_t, self.down_v_t, self.activation
-        )
+        return backends.get(self.backend).lowrank_gated_mlp(x, *self.factors(), self.activation)
+
+    def factors(self) -> GatedFactors:
+        """The five factors as stored (float parameters or quantized matrices)."""
+        return GatedFactors(*(getattr(self, name) for name in self.FACTORS))
 
     def extra_repr(self) -> str:
         ranks = ", ".join(f"{k}={v}" for k, v in self.ranks.items())

@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 
 from svdmlp.backends import torch_ref
+from svdmlp.factor_layout import GatedFactors
+from svdmlp.int_weights import is_quantized
 from svdmlp.timing import cuda_median
 
 WARMUP, REPEATS = 2, 5
@@ -61,14 +63,9 @@ def _tokens(x: torch.Tensor) -> int:
     return x.numel() // max(1, x.shape[-1])
 
 
-def _quantized(factor) -> bool:
-    """Whether a factor is stored quantized (:class:`svdmlp.int_weights.QuantizedMatrix`)."""
-    return not isinstance(factor, torch.Tensor)
-
-
 def _shape(factor) -> tuple:
     """A factor's part of a choice key: its shape, and its scheme when quantized."""
-    if _quantized(factor):
+    if is_quantized(factor):
         return (factor.in_features, factor.out_features, factor.scheme.name)
     return factor.shape
 
@@ -82,9 +79,9 @@ def lowrank_gated_mlp(x, gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t, acti
     from svdmlp import kernels
     from svdmlp.kernels.configs import DECODE_MAX_TOKENS
 
-    factors = (gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t)
+    factors = GatedFactors(gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t)
     fused = kernels.lowrank_gated_mlp
-    if _quantized(gate_up_u_t):
+    if is_quantized(gate_up_u_t):
         if _tokens(x) > DECODE_MAX_TOKENS:
             return torch_ref.lowrank_gated_mlp(x, *factors, activation)
         fused = kernels.quantized_gated_mlp
@@ -115,7 +112,7 @@ def lowrank_linear(x, u_t, v_t):
     one at decode sizes on CUDA)."""
     from svdmlp import kernels
 
-    if _quantized(u_t):
+    if is_quantized(u_t):
         return torch_ref.lowrank_linear(x, u_t, v_t)
     if x.device.type != "cuda":
         return kernels.lowrank_linear(x, u_t, v_t)

@@ -15,13 +15,10 @@ from __future__ import annotations
 import torch
 
 from svdmlp.backends import choice
-from svdmlp.int_weights import SCHEMES, QuantizedMatrix
+from svdmlp.factor_layout import GatedFactors
+from svdmlp.int_weights import SCHEMES, QuantizedMatrix, is_quantized
 
 Tensors = list[torch.Tensor]
-
-
-def _quantized(factors) -> bool:
-    return not isinstance(factors[0], torch.Tensor)
 
 
 def _parts(factors) -> tuple[Tensors, Tensors, list[int], str]:
@@ -101,14 +98,14 @@ def _(x, values, scales, in_features, scheme):
 
 def lowrank_gated_mlp(x, gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t, activation):
     """:func:`svdmlp.backends.choice.lowrank_gated_mlp` as one custom op."""
-    factors = (gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t)
-    if _quantized(factors):
+    factors = GatedFactors(gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t)
+    if is_quantized(gate_up_u_t):
         return _quantized_gated_mlp(x, *_parts(factors), activation)
     return _gated_mlp(x, *factors, activation)
 
 
 def lowrank_linear(x, u_t, v_t):
     """:func:`svdmlp.backends.choice.lowrank_linear` as one custom op."""
-    if _quantized((u_t, v_t)):
+    if is_quantized(u_t):
         return _quantized_linear(x, *_parts((u_t, v_t)))
     return _linear(x, u_t, v_t)

@@ -16,12 +16,13 @@ from __future__ import annotations
 import torch
 
 from svdmlp.activations import activate
+from svdmlp.int_weights import is_quantized
 
 
 def _times(x: torch.Tensor, factor) -> torch.Tensor:
     """``x @ factor`` for a float factor or a quantized one (:class:`svdmlp.int_weights.QuantizedMatrix`,
     which multiplies by its own kernel)."""
-    return x @ factor if isinstance(factor, torch.Tensor) else factor.matmul(x)
+    return factor.matmul(x) if is_quantized(factor) else x @ factor
 
 
 def lowrank_linear(x: torch.Tensor, u_t, v_t) -> torch.Tensor:
@@ -30,7 +31,7 @@ def lowrank_linear(x: torch.Tensor, u_t, v_t) -> torch.Tensor:
 
 
 def _rows(factor) -> int:
-    return factor.shape[0] if isinstance(factor, torch.Tensor) else factor.in_features
+    return factor.in_features if is_quantized(factor) else factor.shape[0]
 
 
 def lowrank_gated_mlp(

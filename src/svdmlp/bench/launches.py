@@ -128,9 +128,7 @@ def _timed_launches(clock: _Clock) -> Iterator[list[tuple]]:
 
 
 def _call(op: Callable, x: torch.Tensor, weights) -> torch.Tensor:
-    return op(
-        x, weights.gate_up_u_t, weights.gate_v_t, weights.up_v_t, weights.down_u_t, weights.down_v_t, "silu"
-    )
+    return op(x, *weights.factors, "silu")
 
 
 def measure_row(config: LaunchBenchConfig, shape: MLPShape, m: int, op: Callable) -> dict:
@@ -145,7 +143,7 @@ def measure_row(config: LaunchBenchConfig, shape: MLPShape, m: int, op: Callable
     # Rotating copies keep L2 from serving the weights on a GPU; a dry run on a CPU needs one.
     sets = weight_sets(make, cache_bytes(device)) if cuda else [make()]
     x = torch.randn(m, shape.hidden, device=device, dtype=dtype)
-    reference = torch_ref.lowrank_gated_mlp(x.double(), *(t.double() for t in _factors(sets[0])), "silu").to(
+    reference = torch_ref.lowrank_gated_mlp(x.double(), *(t.double() for t in sets[0].factors), "silu").to(
         dtype
     )
     check = compare(_call(op, x, sets[0]), reference)
@@ -194,10 +192,6 @@ def measure_row(config: LaunchBenchConfig, shape: MLPShape, m: int, op: Callable
         "launches_sum_s": sum(launch["measured_s"] for launch in launches),
         "predicted_sum_s": sum(launch["predicted_s"] for launch in launches),
     }
-
-
-def _factors(weights) -> tuple[torch.Tensor, ...]:
-    return (weights.gate_up_u_t, weights.gate_v_t, weights.up_v_t, weights.down_u_t, weights.down_v_t)
 
 
 def compile_pass(config: LaunchBenchConfig, op: Callable) -> float:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from svdmlp.factor_layout import GatedFactors
 from svdmlp.int_weights import QuantizedMatrix, Scheme, stored_bytes
 
 # Rotate among copies of the weights until they span three L2 caches, so that no call finds its
@@ -57,8 +58,8 @@ class LowRankMLP:
     down_v_t: torch.Tensor | QuantizedMatrix  # (r_down, hidden)
 
     @property
-    def factors(self) -> tuple:
-        return (self.gate_up_u_t, self.gate_v_t, self.up_v_t, self.down_u_t, self.down_v_t)
+    def factors(self) -> GatedFactors:
+        return GatedFactors(self.gate_up_u_t, self.gate_v_t, self.up_v_t, self.down_u_t, self.down_v_t)
 
     @property
     def nbytes(self) -> int:

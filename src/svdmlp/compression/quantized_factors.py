@@ -26,6 +26,7 @@ from svdmlp.activations import activate
 from svdmlp.backends import torch_ref
 from svdmlp.compression import sequential
 from svdmlp.compression.gram import accumulate_gram, accumulate_product
+from svdmlp.factor_layout import GatedFactors
 from svdmlp.int_weights import QuantizedMatrix, Scheme
 
 _RIDGE = 1e-6  # of the mean diagonal, added to a Gram before a least-squares solve: only against singularity
@@ -172,4 +173,4 @@ def _relative_error(module, quantized, xs, references) -> float:
 def _forward(module, factors, x):
     if isinstance(module, lowrank.LowRankLinear):
         return torch_ref.lowrank_linear(x, factors["u_t"], factors["v_t"])
-    return torch_ref.lowrank_gated_mlp(x, *(factors[name] for name in module.FACTORS), module.activation)
+    return torch_ref.lowrank_gated_mlp(x, *GatedFactors(**factors), module.activation)

@@ -17,6 +17,7 @@ from unittest import mock
 
 import torch
 
+from svdmlp.factor_layout import GatedFactors
 from svdmlp.kernels import common, configs
 from svdmlp.kernels.gated_expand import _gated_expand_kernel
 from svdmlp.kernels.gated_mlp import lowrank_gated_mlp
@@ -162,7 +163,9 @@ def gated_mlp_launches(
     """The launches of one low-rank gated MLP with (gate, up, down) ``ranks`` at ``tokens`` tokens; with
     ``quantized``, of :func:`~svdmlp.kernels.quantized_gated_mlp` on factors stored so (decode sizes)."""
     r_gate, r_up, r_down = ranks
-    shapes = ((hidden, r_gate + r_up), (r_gate, inter), (r_up, inter), (inter, r_down), (r_down, hidden))
+    shapes = GatedFactors(
+        (hidden, r_gate + r_up), (r_gate, inter), (r_up, inter), (inter, r_down), (r_down, hidden)
+    )
     x = meta(tokens, hidden, dtype=dtype)
     with captured_launches(sms) as launches:
         if quantized is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from svdmlp.activations import check_activation
+from svdmlp.factor_layout import FACTORS
 from svdmlp.kernels import common, configs
 from svdmlp.kernels.common import (
     check_device,
@@ -21,12 +22,9 @@ from svdmlp.kernels.matmul import matmul, plain_gemm
 SCHEDULES = ("decode", "prefill")
 
 
-FACTORS = ("gate_up_u_t", "gate_v_t", "up_v_t", "down_u_t", "down_v_t")
-
-
 def check_gated_shapes(op: str, hidden: int, shapes: dict[str, tuple[int, int]]) -> None:
     """Raise ValueError, naming the offending dimensions, unless the factors' ``(K, N)`` shapes (by the
-    names of :data:`FACTORS`) fit together and with ``x``'s ``hidden``."""
+    names of :data:`svdmlp.factor_layout.FACTORS`) fit together and with ``x``'s ``hidden``."""
     gate_up, gate_v, up_v, down_u, down_v = (shapes[name] for name in FACTORS)
     check_inner(op, "x.shape[-1] (hidden)", hidden, "gate_up_u_t.shape[0]", gate_up[0])
     check_inner(
@@ -40,7 +38,7 @@ def check_gated_shapes(op: str, hidden: int, shapes: dict[str, tuple[int, int]])
 
 def check_gated_mlp(x: torch.Tensor, factors: tuple[torch.Tensor, ...], activation: str) -> None:
     """Raise ValueError, naming the offending shapes/dtypes/devices, unless the five ``factors`` (in the
-    order of :data:`FACTORS`) fit together and with ``x``."""
+    order of :class:`svdmlp.factor_layout.GatedFactors`) fit together and with ``x``."""
     op = "lowrank_gated_mlp"
     check_activation(activation, op)
     named = dict(zip(FACTORS, factors, strict=True))

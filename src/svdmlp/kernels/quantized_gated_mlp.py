@@ -6,10 +6,11 @@ from __future__ import annotations
 import torch
 
 from svdmlp.activations import check_activation
+from svdmlp.factor_layout import GatedFactors
 from svdmlp.kernels import common, configs
 from svdmlp.kernels.common import check_device, check_inputs, device_guard, flatten_tokens
 from svdmlp.kernels.dequantize import QuantizedFactor
-from svdmlp.kernels.gated_mlp import FACTORS, check_gated_shapes
+from svdmlp.kernels.gated_mlp import check_gated_shapes
 from svdmlp.kernels.quantized_gated_expand import _quantized_gated_expand_kernel, quantized_gated_expand
 from svdmlp.kernels.quantized_matmul import quantized_matmul
 
@@ -52,7 +53,7 @@ def quantized_gated_mlp(
        atomics (:func:`~svdmlp.kernels.quantized_gated_expand.quantized_gated_expand`);
     3. down expand ``y = t_d·down_v_t``, the strip rounded to x's dtype first.
     """
-    factors = dict(zip(FACTORS, (gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t), strict=True))
+    factors = GatedFactors(gate_up_u_t, gate_v_t, up_v_t, down_u_t, down_v_t)._asdict()
     check_quantized_gated_mlp(x, factors, activation)
     check_device(OP, x, _quantized_gated_expand_kernel)
     x2d = flatten_tokens(x)
