@@ -27,18 +27,19 @@ from svdmlp.tables import markdown_table
 
 
 def _row(spec: str) -> dict:
+    """An eval row or a sweep's point: both record ``params`` and ``quantization`` alike."""
     path, _, index = spec.partition("@")
     data = json.loads(Path(path).read_text())
-    if "rows" not in data:  # a sweep's point
-        quantization = {"quantization": data["quantization"]} if data.get("quantization") else {}
-        return {"perplexity": data["perplexity"], "mlp_params": data["params"]["mlp"], **quantization}
-    return data["rows"][int(index) if index else -1]
+    return data["rows"][int(index) if index else -1] if "rows" in data else data
 
 
-def _megabytes(row: dict, dense_params: int | None) -> float:
-    size = mlp_bytes(row.get("mlp_params", dense_params), row.get("quantization"))
+def _megabytes(label: str, row: dict, dense_params: int | None) -> float:
+    params = row.get("params")
+    # eval files written before 2026-12-07 recorded the total as "params" and the MLP's apart
+    mlp = params["mlp"] if isinstance(params, dict) else row.get("mlp_params", dense_params)
+    size = mlp_bytes(mlp, row.get("quantization"))
     if size is None:
-        raise SystemExit(f"no MLP size for {row['kind']}: pass --dense-mlp-params")
+        raise SystemExit(f"no MLP size for {label}: pass --dense-mlp-params")
     return size / 1e6
 
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         domains = ratios_to_dense(
             {n: dense["perplexity"][n] for n in names if n in HELDOUT_SOURCES}, row["perplexity"]
         )
-        megabytes = _megabytes(row, args.dense_mlp_params)
+        megabytes = _megabytes(label, row, args.dense_mlp_params)
         ratios = [f"×{every['ratios'][n]:.3f}" if n in every["ratios"] else "–" for n in names]
         overall = f"×{every['geomean']:.3f}" if len(every["ratios"]) == len(names) else "–"
         body.append([label, f"{megabytes:.1f}", *ratios, f"×{domains['geomean']:.3f}", overall])

@@ -94,16 +94,11 @@ def test_checkpoint_and_base_on_text_and_task(setup, capsys, tmp_path):
     )
     dense, compressed = summary["rows"]
     for row in (dense, compressed):
-        assert set(row) == {
-            "model",
-            "kind",
-            "params",
-            "mlp_params",
-            "achieved_keep",
-            "perplexity",
-            "tasks",
-            "bos",
-        } | ({"compress_seconds"} if row is compressed else set())
+        compressed_only = {"compress_seconds", "timings", "calibration", "healing"}
+        assert set(row) == {"model", "kind", "params", "achieved_keep", "perplexity", "tasks", "bos"} | (
+            compressed_only if row is compressed else set()
+        )
+        assert set(row["params"]) == {"total", "mlp"}
         result = row["tasks"]["tiny_mc"]
         assert result["error"] == "" and result["samples"] == len(RECORDS)
         assert set(result["metrics"]) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}
@@ -160,7 +155,8 @@ def test_eval_checkpoint_against_its_dense_base(compressed, capsys):
     assert dense["kind"] == "dense" and dense["model"] == str(model_dir)
     assert compressed_row["kind"] == "compressed (whiten keep 0.5)" and compressed_row["model"] == str(ckpt)
     assert summary["perplexity"] == compressed_row["perplexity"][str(text)]
-    assert compressed_row["params"] == 81216 and dense["params"] == 102720
+    assert compressed_row["params"]["total"] == 81216 and dense["params"]["total"] == 102720
+    assert dense["params"]["mlp"] - compressed_row["params"]["mlp"] == 102720 - 81216
     assert compressed_row["achieved_keep"] == pytest.approx(15360 / 36864)
 
 

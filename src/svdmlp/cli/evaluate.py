@@ -59,9 +59,14 @@ def run(args: argparse.Namespace) -> options.Outcome:
     rows = []
     calibration = {}
     if metadata is None:
-        counts = count_parameters(model, [])
+        counts = count_parameters(model)
         rows.append(
-            {"model": args.target or models.DEFAULT_MODEL, "kind": "dense", "params": counts["total"]}
+            {
+                "model": args.target or models.DEFAULT_MODEL,
+                "kind": "dense",
+                "params": counts,
+                "achieved_keep": 1.0,
+            }
         )
         rows[-1].update(suite.score(model, tokenizer, texts, settings, "dense"))
         if args.quantize:
@@ -78,7 +83,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
                 {
                     "model": rows[0]["model"],
                     "kind": f"dense, MLP {args.quantize} {'GPTQ' if args.gptq else 'RTN'}",
-                    "params": counts["total"],
+                    "params": counts,
+                    "achieved_keep": 1.0,
                     "quantization": quantization,
                     **suite.score(model, tokenizer, texts, settings, args.quantize),
                 }
@@ -114,10 +120,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
             {
                 "model": args.target,
                 "kind": f"compressed ({label})",
-                "params": report.params_after["total"],
-                "mlp_params": report.params_after["mlp"],
-                "achieved_keep": report.achieved_keep,
-                "compress_seconds": report.seconds,
+                **report.scored_record(),
                 **quantized,
                 **suite.score(model, tokenizer, texts, settings, "compressed"),
             }
@@ -129,10 +132,10 @@ def run(args: argparse.Namespace) -> options.Outcome:
             dense = {
                 "model": metadata["base_model"],
                 "kind": "dense",
-                "params": report.params_before["total"],
+                "params": report.params_before,
+                "achieved_keep": 1.0,
+                **suite.score(base, tokenizer, texts, settings, "dense"),
             }
-            dense.update(mlp_params=report.params_before["mlp"], achieved_keep=1.0)
-            dense.update(suite.score(base, tokenizer, texts, settings, "dense"))
             rows.insert(0, dense)
     record = suite.provenance(settings, dtype, device, rows[-1]["bos"])
     print(record["protocol"])
@@ -164,7 +167,7 @@ def _mlp_megabytes(row: dict) -> str:
     """The MLP's megabytes as stored (:func:`svdmlp.compression.report.mlp_bytes`), if known."""
     from svdmlp.compression.report import mlp_bytes
 
-    size = mlp_bytes(row.get("mlp_params"), row.get("quantization"))
+    size = mlp_bytes(row["params"]["mlp"], row.get("quantization"))
     return "" if size is None else f"{size / 1e6:.1f}"
 
 
@@ -178,7 +181,7 @@ def eval_table(rows: list[dict], text_names: list[str], task_names: list[str] = 
     headers += [f"{task} {metric}" for task in task_names for metric in harness.METRICS]
     body = []
     for row in rows:
-        cells = [row["kind"], row["params"], row.get("mlp_params", ""), row.get("achieved_keep", "")]
+        cells = [row["kind"], row["params"]["total"], row["params"]["mlp"], row["achieved_keep"]]
         cells.append(_mlp_megabytes(row))
         seconds = row.get("compress_seconds")
         cells.append("" if seconds is None else round(seconds, 1))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from svdmlp import arch
 from svdmlp.tables import format_table
 
 if TYPE_CHECKING:
@@ -94,6 +95,19 @@ class CompressionReport:
         dense = self.params_after["mlp"] - self.quantization["factor_params"]
         return {**self.quantization, "mlp_bytes": self.quantization["factor_bytes"] + 2 * dense}
 
+    def scored_record(self) -> dict:
+        """What a compressed model's scores are recorded with (``svdmlp eval``'s rows, a sweep's points):
+        its keep and parameters, how long each step took, its calibration, healing and quantization."""
+        return {
+            "achieved_keep": self.achieved_keep,
+            "compress_seconds": self.seconds,
+            "timings": self.timings,
+            "calibration": self.calibration,
+            "params": self.params_after,
+            "healing": self.healing,  # distillation's validation KL before and after, reverted or not
+            **({"quantization": self.stored_quantization} if self.quantization else {}),
+        }
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["achieved_keep"] = self.achieved_keep
@@ -124,8 +138,12 @@ def mlp_bytes(mlp_params: int | None, quantization: dict | None = None) -> int |
     return None if mlp_params is None else 2 * mlp_params
 
 
-def count_parameters(model: nn.Module, mlp_names: list[str]) -> dict[str, int]:
-    """Parameters of the whole model (tied tensors once) and of the MLP modules named."""
+def count_parameters(model: nn.Module, mlp_names: list[str] | None = None) -> dict[str, int]:
+    """Parameters of the whole model (tied tensors once) and of the MLP modules named (None: every
+    decoder layer's)."""
+    if mlp_names is None:
+        spec = arch.of_model(model)
+        mlp_names = [arch.mlp_name(spec, index) for index in range(len(arch.decoder_layers(model, spec)))]
     total = sum(p.numel() for p in model.parameters())
     modules = dict(model.named_modules())
     mlp = sum(p.numel() for name in mlp_names for p in modules[name].parameters())

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from svdmlp import arch, checkpoint, lazy, models, paths
+from svdmlp import checkpoint, lazy, models, paths
 from svdmlp.compression import footprint, output_grams, pipeline, workspace
 from svdmlp.compression.clock import StepClock
 from svdmlp.compression.journal import JOURNAL_FILE, Journal, resumable
@@ -212,7 +212,7 @@ def _run_points(model_name, points, texts, settings, base, out, dtype, device, l
                     report = pipeline.compress(
                         model, tokenizer, config, calibration=calibration, journal=journal, clock=clock
                     )
-                    record.update(_compressed(report))
+                    record.update(report.scored_record())
                     if any(p.floating == point and not point_path(out, p).is_file() for p in points[number:]):
                         checkpoint.save(
                             kept, model, tokenizer, config, report, identity["model"], dtype=dtype
@@ -301,10 +301,8 @@ def _config(point: Point, base: CompressConfig) -> CompressConfig:
 
 def _dense(model, tokenizer, point: Point, base: CompressConfig) -> dict:
     """The dense model's record, its MLP rounded first for a baseline (GPTQ on ``base``'s calibration)."""
-    spec = arch.of_model(model)
-    mlps = [arch.mlp_name(spec, index) for index in range(len(arch.decoder_layers(model, spec)))]
     record = {"achieved_keep": 1.0, "compress_seconds": 0.0, "calibration": {}}
-    record["params"] = count_parameters(model, mlps)
+    record["params"] = count_parameters(model)
     if point.quantize is None:
         return record
     started = time.perf_counter()
@@ -320,19 +318,6 @@ def _dense(model, tokenizer, point: Point, base: CompressConfig) -> dict:
     return {**record, "quantization": quantization, "compress_seconds": time.perf_counter() - started}
 
 
-def _compressed(report: CompressionReport) -> dict:
-    """A compressed point's record."""
-    return {
-        "achieved_keep": report.achieved_keep,
-        "compress_seconds": report.seconds,
-        "timings": report.timings,
-        "calibration": report.calibration,
-        "params": report.params_after,
-        "healing": report.healing,  # distillation's validation KL before and after, reverted or not
-        **({"quantization": report.stored_quantization} if report.quantization else {}),
-    }
-
-
 def _quantized_factors(model, tokenizer, kept: Path, point: Point) -> dict:
     """The record of ``point`` made from the floating-point checkpoint ``kept``, its factors quantized
     as ``svdmlp quantize`` would (compress seconds: the compression's and the quantization's)."""
@@ -340,7 +325,7 @@ def _quantized_factors(model, tokenizer, kept: Path, point: Point) -> dict:
     config = replace(CompressConfig.from_dict(metadata["config"]), factor_bits=point.factor_bits)
     quantized = quantization.quantize_checkpoint(model, tokenizer, config, progress=False)
     report = replace(CompressionReport.from_dict(metadata["report"]), quantization=quantized)
-    record = _compressed(report)
+    record = report.scored_record()
     record["compress_seconds"] += quantized["seconds"]
     record["timings"] = {**record["timings"], "quantization": quantized["seconds"]}
     return record
