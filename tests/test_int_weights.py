@@ -55,8 +55,8 @@ def test_int4_packing_round_trips_every_value():
 
 
 def test_bad_input_is_refused():
-    with pytest.raises(ValueError, match="unknown quantization 'int3'"):
-        scheme("int3")
+    with pytest.raises(ValueError, match="unknown quantization 'int1'"):
+        scheme("int1")
     with pytest.raises(ValueError, match="NaN or infinite"):
         quantize(torch.tensor([[1.0, float("nan")]]), SCHEMES["int8"])
     with pytest.raises(ValueError, match="2-D"):
@@ -128,3 +128,17 @@ def test_gptq_refuses_bad_input():
         gptq(torch.zeros(4, 8), torch.eye(7), SCHEMES["int8"])
     with pytest.raises(ValueError, match="NaN or infinite"):
         gptq(torch.full((4, 8), float("nan")), torch.eye(8), SCHEMES["int8"])
+
+
+def test_schemes_by_name_any_width_from_2_to_8_bits_and_any_group():
+    assert scheme("int8") is SCHEMES["int8"]
+    assert scheme("int4") is SCHEMES["int4"]
+    three = scheme("int3")
+    assert (three.bits, three.group, three.qmax) == (3, 128, 3)
+    assert scheme("int8g64").group == 64 and scheme("int6").group == 128
+    assert scheme("int2g32").qmax == 1  # symmetric: -1, 0, 1
+    # packed bytes: 3 bits a weight, one fp16 scale per 128 inputs of each row
+    assert three.nbytes(4, 256) == 4 * 256 * 3 // 8 + 4 * 2 * 2
+    for bad in ("int1", "int9", "int4g0", "int4g12", "fp8", "int4g", "INT4"):
+        with pytest.raises(ValueError, match="quantization"):
+            scheme(bad)

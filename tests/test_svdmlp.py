@@ -103,7 +103,7 @@ def test_every_import_goes_down_a_layer_or_stays_in_its_package():
 # lower layers or its own subpackage (steps, heal), so that the steps never reach the runner, the journal
 # or the workspace above them.
 COMPRESSION_LAYERS = (
-    ("clock", "gram", "heal", "layer_inputs", "report", "self_calibration"),
+    ("clock", "correction", "gram", "heal", "layer_inputs", "report", "self_calibration"),
     ("heal.closed_form", "output_grams"),
     ("calibration",),
     ("factorise", "sequential"),

@@ -20,6 +20,7 @@ layout CPU int8 kernels read.
 from __future__ import annotations
 
 import importlib.util
+import re
 from dataclasses import dataclass
 
 import torch
@@ -57,10 +58,22 @@ SCHEMES = {"int8": Scheme("int8", 8, None), "int4": Scheme("int4", 4, 128)}
 
 
 def scheme(name: str) -> Scheme:
-    try:
+    """The scheme ``name`` names: ``int8`` (per output channel) and ``int4`` (groups of 128), the two the
+    packed kernels run, or any ``intB`` (B from 2 to 8: groups of 128, int8 per channel) or ``intBgG``
+    (groups of G inputs), which fake quantization evaluates at its packed bytes. Symmetric, fp16 scales."""
+    if name in SCHEMES:
         return SCHEMES[name]
-    except KeyError:
-        raise ValueError(f"unknown quantization {name!r}; expected one of {sorted(SCHEMES)}") from None
+    match = re.fullmatch(r"int([2-8])(?:g([1-9][0-9]*))?", name)
+    if match is None:
+        raise ValueError(
+            f"unknown quantization {name!r}; expected intB or intBgG (B bits from 2 to 8, G inputs per "
+            "scale; int8 and int4 are the packed kernels' own)"
+        )
+    bits = int(match[1])
+    group = int(match[2]) if match[2] else (None if bits == 8 else 128)
+    if group is not None and group % 8:
+        raise ValueError(f"quantization {name!r}: the group must be a multiple of 8 inputs")
+    return Scheme(name, bits, group)
 
 
 def factor_scheme(bits: int) -> Scheme | None:
@@ -155,15 +168,28 @@ class FakeQuantization:
     mlp_bytes: int = 0
     mlp_bytes_bf16: int = 0
     max_rel_error: float = 0.0
+    correction_params: int = 0
 
     @torch.no_grad()
-    def replace(self, weight: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> None:
-        """Put the value of ``(q, scales)`` (:func:`quantize`'s form) in place of ``weight`` and count it."""
+    def replace(
+        self,
+        weight: torch.Tensor,
+        q: torch.Tensor,
+        scales: torch.Tensor,
+        correction: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """Put the value of ``(q, scales)`` (:func:`quantize`'s form) in place of ``weight`` and count it;
+        with a low-rank ``correction`` ``(v, u)``, the value plus ``v @ u``, its factors counted in bf16."""
         restored = dequantize(q, scales, tuple(weight.shape))
+        self.mlp_bytes += self.how.nbytes(*weight.shape)
+        if correction is not None:
+            v, u = correction
+            restored += v.float() @ u.float()
+            self.correction_params += v.numel() + u.numel()
+            self.mlp_bytes += 2 * (v.numel() + u.numel())
         error = (restored - weight.float()).norm() / weight.float().norm().clamp_min(1e-30)
         self.max_rel_error = max(self.max_rel_error, float(error))
         weight.copy_(restored.to(weight.dtype))
-        self.mlp_bytes += self.how.nbytes(*weight.shape)
         self.mlp_bytes_bf16 += 2 * weight.numel()
 
     def report(self) -> dict:
@@ -176,6 +202,7 @@ class FakeQuantization:
             "mlp_bytes": self.mlp_bytes,
             "mlp_bytes_bf16": self.mlp_bytes_bf16,
             "max_rel_error": self.max_rel_error,
+            **({"correction_params": self.correction_params} if self.correction_params else {}),
         }
 
 

@@ -210,6 +210,38 @@ def test_eval_dense_model_rounded_by_gptq(compressed, capsys):
     assert_cli_error(capsys, "eval", ["eval", ckpt, "--quantize", "int4", "--gptq"], "svdmlp quantize")
 
 
+def test_eval_dense_model_rounded_with_a_low_rank_correction(compressed, capsys):
+    model_dir, text, _ = compressed
+    calib = ["--calib", text, "--calib-samples", "4", "--calib-seq-len", "32"]
+    argv = [
+        "eval",
+        model_dir,
+        "--text",
+        text,
+        *EVAL,
+        "--quantize",
+        "int3g16",
+        "--gptq",
+        *calib,
+        "--json",
+        "-",
+    ]
+    code, out, _ = run_cli(capsys, *argv)
+    assert code == 0
+    _, plain = json.loads(out)["rows"]
+    code, out, err = run_cli(capsys, *argv, "--correction-keep", "0.25")
+    assert code == 0, err
+    _, fixed = json.loads(out)["rows"]
+    assert fixed["kind"] == "dense, MLP int3g16 GPTQ + correction 0.25"
+    info = fixed["quantization"]
+    assert info["bits"] == 3 and info["correction_keep"] == 0.25 and info["correction_params"] > 0
+    assert info["mlp_bytes"] == plain["quantization"]["mlp_bytes"] + 2 * info["correction_params"]
+    assert_cli_error(
+        capsys, "eval", ["eval", model_dir, "--quantize", "int3", "--correction-keep", "0.1"], "--gptq"
+    )
+    assert_cli_error(capsys, "eval", ["eval", model_dir, "--quantize", "int9"], "unknown quantization 'int9'")
+
+
 def test_eval_no_baseline(compressed, capsys):
     _, text, ckpt = compressed
     code, out, _ = run_cli(capsys, "eval", ckpt, "--text", text, *EVAL, "--no-baseline", "--json", "-")

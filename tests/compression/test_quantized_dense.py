@@ -61,3 +61,17 @@ def test_a_model_on_disk_is_rounded_by_gptq_as_the_same_model_in_memory(tokenize
     ids = torch.tensor([[1, 5, 9, 14, 3, 7, 11, 2]])
     with torch.no_grad():
         assert torch.allclose(on_disk(ids).logits, in_memory(ids).logits, atol=1e-5)
+
+
+def test_a_low_rank_correction_brings_each_mlp_closer_to_the_float_one(tokenizer, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text(SAMPLE_TEXT, encoding="utf-8")
+    config = CompressConfig(calibration=CalibrationSpec(str(text), 4, 32), align=8)
+    windows = calibration.config_windows(tokenizer, config, None)
+    reference, plain, fixed = tiny_model("llama"), tiny_model("llama"), tiny_model("llama")
+    bare = quantize_dense_mlps(plain, tokenizer, "int2g16", config, progress=False)
+    info = quantize_dense_mlps(fixed, tokenizer, "int2g16", config, progress=False, correction_keep=0.2)
+    assert info["correction_keep"] == 0.2 and info["correction_rounds"] >= 0
+    assert info["mlp_bytes"] == bare["mlp_bytes"] + 2 * info["correction_params"]
+    ours, theirs = _mlp_errors(fixed, reference, windows), _mlp_errors(plain, reference, windows)
+    assert all(o < t for o, t in zip(ours, theirs, strict=True)), (ours, theirs)

@@ -23,17 +23,27 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip the dense base model of a checkpoint")
     p.add_argument(
         "--quantize",
-        choices=("int8", "int4"),
         default=None,
-        help="quantize the MLP weights by round-to-nearest (int8 per output channel, int4 in groups "
-        "of 128; fp16 scales): a dense model is scored beside its quantized self (the baseline to "
-        "compare compression with at equal bytes), a checkpoint with its factors quantized",
+        metavar="SCHEME",
+        help="quantize the MLP weights by round-to-nearest: int8 (per output channel), int4 (groups of 128), "
+        "any intB (B from 2 to 8 bits, groups of 128) or intBgG (groups of G); symmetric, fp16 scales. A "
+        "dense model is scored beside its quantized self (the baseline to compare compression with at "
+        "equal bytes), a checkpoint with its factors quantized",
     )
     p.add_argument(
         "--gptq",
         action="store_true",
         help="with --quantize on a dense model: round by GPTQ instead, calibrated on --calib (by default "
         "the windows compress draws with no flag): the calibrated baseline",
+    )
+    p.add_argument(
+        "--correction-keep",
+        type=options.keep_fraction,
+        default=None,
+        metavar="F",
+        help="with --gptq: keep each weight's rounding error's dominant directions as a low-rank bf16 "
+        "term W = Q(W) + V·U, of the rank that keeps F of the weight's parameters (as --keep counts "
+        "them), fitted on the same calibration windows; counted in the MLP's bytes",
     )
     options.add_calibration(p, samples=EFFORTS["default"].calib_samples, what=" of --gptq")
     options.add_json(p, "every row, the protocol and the versions")
@@ -48,6 +58,14 @@ def run(args: argparse.Namespace) -> options.Outcome:
 
     if args.gptq and not args.quantize:
         raise ValueError("--gptq chooses how --quantize rounds: give --quantize int8 or int4")
+    if args.correction_keep and not args.gptq:
+        raise ValueError(
+            "--correction-keep is fitted on calibration windows: give it with --quantize and --gptq"
+        )
+    if args.quantize:
+        from svdmlp.int_weights import scheme
+
+        scheme(args.quantize)  # a bad name fails before the model loads
     settings = options.eval_settings(args)
     # Tasks alone ask for no perplexity: the default texts apply only when nothing else is asked for.
     sources = options.eval_sources(
@@ -74,7 +92,13 @@ def run(args: argparse.Namespace) -> options.Outcome:
                 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 
                 calibration_config = CompressConfig(calibration=options.calibration_spec(args))
-                quantization = quantize_dense_mlps(model, tokenizer, args.quantize, calibration_config)
+                quantization = quantize_dense_mlps(
+                    model,
+                    tokenizer,
+                    args.quantize,
+                    calibration_config,
+                    correction_keep=args.correction_keep or 0.0,
+                )
             else:
                 from svdmlp.quantize import quantize_mlp
 
@@ -82,7 +106,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
             rows.append(
                 {
                     "model": rows[0]["model"],
-                    "kind": f"dense, MLP {args.quantize} {'GPTQ' if args.gptq else 'RTN'}",
+                    "kind": f"dense, MLP {args.quantize} {'GPTQ' if args.gptq else 'RTN'}"
+                    + (f" + correction {args.correction_keep:g}" if args.correction_keep else ""),
                     "params": counts,
                     "achieved_keep": 1.0,
                     "quantization": quantization,
