@@ -106,13 +106,13 @@ def test_gptq_with_uncorrelated_inputs_is_round_to_nearest(name):
     assert torch.equal(q, expected_q) and torch.equal(scales, expected_scales)
 
 
-@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("name", ["int8", "int4", "int3g64-asym", "int2g32-asym"])
 def test_gptq_lowers_the_error_the_inputs_see(name):
     generator = torch.Generator().manual_seed(2)
     weight = torch.randn(40, 260, generator=generator)
     inputs = torch.randn(2000, 260, generator=generator) @ torch.randn(260, 260, generator=generator) / 16
     hessian = (inputs.T @ inputs).double()
-    how = SCHEMES[name]
+    how = scheme(name)
 
     def seen_error(q, scales):
         error = (dequantize(q, scales, (40, 260)) - weight).double()
@@ -121,6 +121,8 @@ def test_gptq_lowers_the_error_the_inputs_see(name):
     q, scales = gptq(weight, hessian, how)
     assert int(q.abs().max()) <= how.qmax
     assert seen_error(q, scales) < 0.8 * seen_error(*quantize(weight, how))
+    if how.zero_point:  # GPTQ's levels are those of the grid round to nearest would use
+        assert all(len(row.unique()) <= 2**how.bits for row in q.reshape(-1, how.group))
 
 
 def test_gptq_refuses_bad_input():
@@ -142,3 +144,32 @@ def test_schemes_by_name_any_width_from_2_to_8_bits_and_any_group():
     for bad in ("int1", "int9", "int4g0", "int4g12", "fp8", "int4g", "INT4"):
         with pytest.raises(ValueError, match="quantization"):
             scheme(bad)
+
+
+@pytest.mark.parametrize("name", ["int2-asym", "int3g32-asym", "int4g64-asym", "int8-asym"])
+@pytest.mark.parametrize("shape", [(7, 300), (5, 64), (1, 5)])
+def test_an_asymmetric_grid_spans_each_group_within_a_scale(name, shape):
+    how = scheme(name)
+    generator = torch.Generator().manual_seed(shape[1])
+    weight = torch.randn(shape, generator=generator) * 0.02 + 0.01  # off-centre, as real rows can be
+    weight[0, 0] = 0.0
+    q, scales = quantize(weight, how)
+    assert q.dtype == torch.int16
+    restored = dequantize(q, scales, shape)
+    assert restored[0, 0] == 0.0  # zero is a level of every group
+    group = shape[1] if how.group is None else how.group
+    step = scales.float().repeat_interleave(group, dim=-1).reshape(shape[0], -1)[:, : shape[1]]
+    # half a scale inside the range; at its ends up to a whole one (the zero point is rounded, which
+    # shifts the grid by up to half a step)
+    assert ((restored - weight).abs() <= step + 1e-6).all()
+    for row in q.reshape(-1, q.shape[-1]):  # at most 2^bits levels a group, the zero point taken off
+        assert int(row.max()) - int(row.min()) <= 2**how.bits - 1
+    symmetric = scheme(name.removesuffix("-asym"))
+    assert (restored - weight).norm() < (dequantize(*quantize(weight, symmetric), shape) - weight).norm()
+
+
+def test_an_asymmetric_scheme_counts_its_zero_points():
+    how = scheme("int3g64-asym")
+    assert how.zero_point and how.qmax == 7
+    # 3 bits a weight, per group of 64 an fp16 scale and a 3-bit zero point (packed)
+    assert how.nbytes(4, 256) == 4 * 256 * 3 // 8 + 16 * 2 + -(-16 * 3 // 8)

@@ -38,20 +38,30 @@ _HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 @dataclass(frozen=True)
 class Scheme:
+    """``bits`` per weight and an fp16 scale per ``group`` inputs of a row. Symmetric: the integers
+    ``-qmax..qmax`` around zero. Asymmetric (``zero_point``): ``2^bits`` levels spanning each group's
+    own range (its minimum to its maximum, zero included), shifted by a zero point of ``bits`` bits per
+    group: one level more, and none wasted on a side the group does not reach (GPTQ's and HQQ's way
+    at 2-4 bits)."""
+
     name: str
     bits: int
     group: int | None  # inputs per scale; None: the whole row (per output channel)
+    zero_point: bool = False
 
     @property
     def qmax(self) -> int:
-        return 2 ** (self.bits - 1) - 1
+        """The largest integer magnitude of the symmetric grid; the asymmetric grid's top level."""
+        return 2**self.bits - 1 if self.zero_point else 2 ** (self.bits - 1) - 1
 
     def groups(self, cols: int) -> int:
         return 1 if self.group is None else -(-cols // self.group)
 
     def nbytes(self, rows: int, cols: int) -> int:
-        """Bytes of a quantized ``rows × cols`` weight, packed values and scales."""
-        return -(-rows * cols * self.bits // 8) + rows * self.groups(cols) * SCALE_BYTES
+        """Bytes of a quantized ``rows × cols`` weight, packed values, scales and zero points."""
+        groups = rows * self.groups(cols)
+        zeros = -(-groups * self.bits // 8) if self.zero_point else 0
+        return -(-rows * cols * self.bits // 8) + groups * SCALE_BYTES + zeros
 
 
 SCHEMES = {"int8": Scheme("int8", 8, None), "int4": Scheme("int4", 4, 128)}
@@ -60,20 +70,21 @@ SCHEMES = {"int8": Scheme("int8", 8, None), "int4": Scheme("int4", 4, 128)}
 def scheme(name: str) -> Scheme:
     """The scheme ``name`` names: ``int8`` (per output channel) and ``int4`` (groups of 128), the two the
     packed kernels run, or any ``intB`` (B from 2 to 8: groups of 128, int8 per channel) or ``intBgG``
-    (groups of G inputs), which fake quantization evaluates at its packed bytes. Symmetric, fp16 scales."""
+    (groups of G inputs), which fake quantization evaluates at its packed bytes; fp16 scales, symmetric
+    unless the name ends in ``-asym`` (a zero point per group, :class:`Scheme`)."""
     if name in SCHEMES:
         return SCHEMES[name]
-    match = re.fullmatch(r"int([2-8])(?:g([1-9][0-9]*))?", name)
+    match = re.fullmatch(r"int([2-8])(?:g([1-9][0-9]*))?(-asym)?", name)
     if match is None:
         raise ValueError(
-            f"unknown quantization {name!r}; expected intB or intBgG (B bits from 2 to 8, G inputs per "
-            "scale; int8 and int4 are the packed kernels' own)"
+            f"unknown quantization {name!r}; expected intB[gG][-asym] (B bits from 2 to 8, G inputs per "
+            "scale, -asym for a zero point per group; int8 and int4 are the packed kernels' own)"
         )
     bits = int(match[1])
     group = int(match[2]) if match[2] else (None if bits == 8 else 128)
     if group is not None and group % 8:
         raise ValueError(f"quantization {name!r}: the group must be a multiple of 8 inputs")
-    return Scheme(name, bits, group)
+    return Scheme(name, bits, group, zero_point=match[3] is not None)
 
 
 def factor_scheme(bits: int) -> Scheme | None:
@@ -87,12 +98,17 @@ def factor_scheme(bits: int) -> Scheme | None:
 def quantize(weight: torch.Tensor, how: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, scales)`` of an ``(N, K)`` weight: integers in ``[-qmax, qmax]`` as int8 ``(N, groups,
     group)`` (the last group padded with zeros) and fp16 scales ``(N, groups, 1)``, with
-    ``weight ≈ q · scale`` (error at most half a scale per weight)."""
+    ``weight ≈ q · scale`` (error at most half a scale per weight). An asymmetric scheme's integers come
+    with their zero point taken off (int16, ``q − zero`` in ``[−zero, 2^bits − 1 − zero]``), so that the
+    same product gives the value."""
     if weight.dim() != 2:
         raise ValueError(f"quantize needs a 2-D weight, got shape {tuple(weight.shape)}")
     if not runtime.all_finite(weight):
         raise ValueError("the weight holds NaN or infinite values; it cannot be quantized")
     groups = _grouped(weight.float(), how)
+    if how.zero_point:
+        scales, zeros = _range_grid(groups, how.qmax)
+        return _on_grid(groups, scales[..., None].double(), zeros[..., None], how), scales[..., None]
     scales = _absmax_scales(groups, how.qmax)[..., None]
     q = torch.round(groups / scales.float()).clamp(-how.qmax, how.qmax).to(torch.int8)
     return q, scales
@@ -124,26 +140,57 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, how: Scheme, damping: floa
     h += damping * torch.diagonal(h).mean() * torch.eye(cols, dtype=h.dtype, device=h.device)
     inverse = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     block = how.group or _GPTQ_BLOCK  # error moved within a block at once, onto later blocks in one product
-    q = torch.empty(rows, cols, dtype=torch.int8, device=weight.device)
+    q = torch.empty(rows, cols, dtype=torch.int16 if how.zero_point else torch.int8, device=weight.device)
     scales = torch.empty(rows, how.groups(cols), dtype=torch.float16, device=weight.device)
+    zeros = torch.zeros(rows, how.groups(cols), dtype=w.dtype, device=weight.device)
     if how.group is None:
-        scales[:, 0] = _absmax_scales(w, how.qmax)
+        scales[:, 0], zeros[:, 0] = _grid(w, how)
     for start in range(0, cols, block):
         end = min(start + block, cols)
         part, errors = w[:, start:end].clone(), torch.zeros(rows, end - start, dtype=w.dtype, device=w.device)
         group = 0 if how.group is None else start // block
         if how.group is not None:
-            scales[:, group] = _absmax_scales(part, how.qmax)
-        scale = scales[:, group].double()
+            scales[:, group], zeros[:, group] = _grid(part, how)
+        scale, zero = scales[:, group].double(), zeros[:, group]
         tail = inverse[start:end, start:end]
         for j in range(end - start):
-            rounded = torch.round(part[:, j] / scale).clamp(-how.qmax, how.qmax)
-            q[:, start + j] = rounded.to(torch.int8)
+            rounded = _on_grid(part[:, j], scale, zero, how).double()
+            q[:, start + j] = rounded.to(q.dtype)
             errors[:, j] = (part[:, j] - rounded * scale) / tail[j, j]
             part[:, j:] -= errors[:, j : j + 1] * tail[j : j + 1, j:]
         w[:, end:] -= errors @ inverse[start:end, end:]
     group = cols if how.group is None else how.group
     return F.pad(q, (0, -cols % group)).reshape(rows, -1, group), scales[..., None]
+
+
+def _grid(values: torch.Tensor, how: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp16 scales and zero points (zero for a symmetric scheme) of the grid for ``values`` along their
+    last dimension, with that dimension dropped."""
+    if how.zero_point:
+        return _range_grid(values, how.qmax)
+    return _absmax_scales(values, how.qmax), torch.zeros(
+        values.shape[:-1], dtype=values.dtype, device=values.device
+    )
+
+
+def _range_grid(values: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The asymmetric grid: ``top + 1`` levels from the smallest to the largest value (zero always
+    within, so that zero stays exact), as an fp16 scale and an integer zero point in ``[0, top]``."""
+    low = values.amin(-1).clamp(max=0)
+    high = values.amax(-1).clamp(min=0)
+    scales = ((high - low) / top).to(torch.float16)
+    scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+    zeros = torch.round(-low.double() / scales.double()).clamp(0, top)
+    return scales, zeros.to(values.dtype)
+
+
+def _on_grid(values: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, how: Scheme) -> torch.Tensor:
+    """``values`` rounded onto the grid of ``scale`` (and ``zero``), as integers: symmetric ones in
+    int8, asymmetric ones with their zero point taken off in int16 (see :func:`quantize`)."""
+    if not how.zero_point:
+        return torch.round(values / scale).clamp(-how.qmax, how.qmax).to(torch.int8)
+    shifted = torch.round(values.double() / scale).add(zero).clamp(0, how.qmax)
+    return (shifted - zero).to(torch.int16)
 
 
 def _absmax_scales(values: torch.Tensor, qmax: int) -> torch.Tensor:
@@ -199,6 +246,7 @@ class FakeQuantization:
             "scheme": how.name,
             "bits": how.bits,
             "group": how.group,
+            **({"zero_point": True} if how.zero_point else {}),
             "mlp_bytes": self.mlp_bytes,
             "mlp_bytes_bf16": self.mlp_bytes_bf16,
             "max_rel_error": self.max_rel_error,

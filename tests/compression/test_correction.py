@@ -25,10 +25,11 @@ def _output_error(weight, restored, x) -> float:
     return float(((weight.double() - restored.double()) @ x.T).norm() / (weight.double() @ x.T).norm())
 
 
+@pytest.mark.parametrize("name", ["int3g8", "int2g16-asym"])
 @pytest.mark.parametrize("rank", [1, 8, 24])
-def test_the_correction_is_the_best_rank_r_fit_of_the_error_through_the_inputs(rank):
+def test_the_correction_is_the_best_rank_r_fit_of_the_error_through_the_inputs(rank, name):
     weight, gram, x = _problem(seed=rank)
-    how = scheme("int3g8")
+    how = scheme(name)
     whitening = decompose.Whitening.from_gram(gram, ridge=0.0)
     fixed = corrected(weight, gram, whitening, how, rank, rounds=0)
     q, scales = gptq(weight, gram, how)
