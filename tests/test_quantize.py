@@ -40,20 +40,6 @@ def test_a_compressed_model_has_its_factors_quantized_along_their_sums():
     assert info["mlp_bytes_bf16"] == 2 * factors and info["mlp_bytes"] < info["mlp_bytes_bf16"] / 3
 
 
-def test_the_command_line_offers_every_scheme():
-    """``eval --quantize`` lists its choices without importing torch; they must stay the schemes."""
-    import argparse
-
-    from svdmlp.cli import evaluate
-
-    parser = argparse.ArgumentParser()
-    evaluate.add_parser(parser.add_subparsers())
-    action = next(
-        a for a in parser._subparsers._group_actions[0].choices["eval"]._actions if a.dest == "quantize"
-    )
-    assert sorted(action.choices) == sorted(SCHEMES)
-
-
 def test_fake_quantized_factors_compute_what_stored_quantized_factors_compute():
     """``eval --quantize`` on a checkpoint scores exactly the model ``compress --factor-bits`` stores."""
     import copy

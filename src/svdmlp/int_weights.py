@@ -106,12 +106,8 @@ def quantize(weight: torch.Tensor, how: Scheme) -> tuple[torch.Tensor, torch.Ten
     if not runtime.all_finite(weight):
         raise ValueError("the weight holds NaN or infinite values; it cannot be quantized")
     groups = _grouped(weight.float(), how)
-    if how.zero_point:
-        scales, zeros = _range_grid(groups, how.qmax)
-        return _on_grid(groups, scales[..., None].double(), zeros[..., None], how), scales[..., None]
-    scales = _absmax_scales(groups, how.qmax)[..., None]
-    q = torch.round(groups / scales.float()).clamp(-how.qmax, how.qmax).to(torch.int8)
-    return q, scales
+    scales, zeros = _grid(groups, how)
+    return _on_grid(groups, scales[..., None].float(), zeros[..., None], how), scales[..., None]
 
 
 def gptq(weight: torch.Tensor, hessian: torch.Tensor, how: Scheme, damping: float = 0.01):
