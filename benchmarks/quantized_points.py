@@ -3,13 +3,13 @@ scored on the held-out domains and an unseen-text suite: the points of issue 50'
 
     python benchmarks/quantized_points.py OUT_DIR SPEC [SPEC ...] [--model M] [--suite dev|report] [--align A]
 
-A SPEC is a scheme (``int4``, ``int3``, ``int2g64``: :func:`svdmlp.int_weights.scheme`), optionally
-``+KEEP`` for a correction keeping that fraction of each weight's parameters, and ``@ROUNDS`` for
-how many times quantization and correction are solved in turn (default
-:data:`svdmlp.compression.correction.CORRECTION_ROUNDS`); a correction's rank is a multiple of ``--align``
-(default 32, as ``svdmlp compress``'s). Each point is the dense model loaded afresh,
-rounded as ``svdmlp eval --quantize S --gptq --correction-keep K`` rounds it (the default calibration:
-32 windows of 512 tokens of the five domains), and scored on 16 windows of 512 tokens per text. The
+A SPEC is a sweep's baseline (:class:`svdmlp.sweep.points.Quantization`: ``int4``, ``int3-asym-gptq``,
+``int3-asym-gptq+0.05``), optionally ``@ROUNDS`` for how many times quantization and correction are
+solved in turn (default :data:`svdmlp.compression.correction.CORRECTION_ROUNDS`); a correction's rank is
+a multiple of ``--align`` (default 32, as ``svdmlp compress``'s). Each point is the dense model loaded
+afresh, rounded as ``svdmlp eval --quantize S [--gptq] [--correction-keep K]`` rounds it (the default
+calibration: 32 windows of 512 tokens of the five domains), and scored on 16 windows of 512 tokens per
+text. The
 dense model is scored once, into ``OUT_DIR/dense.json``; each point goes to ``OUT_DIR/SPEC.json`` (a
 point already there is not run again), in ``svdmlp eval --json``'s form, so that
 ``benchmarks/candidates_table.py OUT_DIR/dense.json NAME=OUT_DIR/SPEC.json`` tabulates them too. Prints
@@ -29,30 +29,29 @@ from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import count_parameters, mlp_bytes
 from svdmlp.config import CompressConfig
 from svdmlp.evaluate import suite
+from svdmlp.quantize import quantize_mlp
+from svdmlp.sweep.points import Quantization
 from svdmlp.tables import markdown_table
 
 SETTINGS = suite.EvalSettings(seq_len=512, max_windows=16)
-
-
-def _parse(spec: str) -> tuple[str, float, int]:
-    rest, _, rounds = spec.partition("@")
-    name, _, keep = rest.partition("+")
-    return name, float(keep) if keep else 0.0, int(rounds) if rounds else CORRECTION_ROUNDS
 
 
 def _scored(model_name: str, texts: list[str], spec: str | None, align: int) -> dict:
     model, tokenizer, _ = models.load_dense(model_name)
     row = {"model": model_name, "kind": "dense", "params": count_parameters(model), "achieved_keep": 1.0}
     if spec is not None:
-        name, keep, rounds = _parse(spec)
+        baseline, _, rounds = spec.partition("@")
+        how = Quantization.parse(baseline)
+        rounds = int(rounds) if rounds else CORRECTION_ROUNDS
         started = time.perf_counter()
-        config = CompressConfig(align=align)
-        row["quantization"] = quantize_dense_mlps(
-            model, tokenizer, name, config, correction_keep=keep, rounds=rounds
-        )
-        row["kind"] = f"dense, MLP {name} GPTQ" + (
-            f" + correction {keep:g} ({rounds} rounds)" if keep else ""
-        )
+        if how.gptq:
+            config = CompressConfig(align=align)
+            row["quantization"] = quantize_dense_mlps(
+                model, tokenizer, how.scheme, config, correction_keep=how.correction_keep, rounds=rounds
+            )
+        else:
+            row["quantization"] = quantize_mlp(model, how.scheme)
+        row["kind"] = f"dense, MLP {spec}"
         row["compress_seconds"] = time.perf_counter() - started
     named = [(text, corpora.read_text(text, tokenizer)) for text in texts]
     return {**row, **suite.score(model, tokenizer, named, SETTINGS, spec or "dense")}

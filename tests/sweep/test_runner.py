@@ -201,20 +201,23 @@ def test_quantized_baselines_and_factors_are_points_at_their_bytes(tmp_path, tok
     other.write_text(SAMPLE_TEXT[::-1], encoding="utf-8")
     out = tmp_path / "out"
     argv = tiny_sweep_argv(model_dir, text, out, "0.5", "whiten") + ["--text", str(other)]
-    argv += ["--quantize", "int8,int4-gptq", "--factor-bits", "16,8,4"]
+    argv += ["--quantize", "int8,int4-gptq,int3g16-asym-gptq+0.5", "--factor-bits", "16,8,4"]
     compresses = count_calls(monkeypatch, pipeline, "compress")
     quantizations = count_calls(monkeypatch, quantization, "quantize_checkpoint")
     assert main(argv) == 0
     assert "(quantizing not counted)" in capsys.readouterr().err
     assert len(compresses) == 1 and len(quantizations) == 2  # one compression serves every width
-    names = ["dense", "dense-int8", "dense-int4-gptq"]
+    names = ["dense", "dense-int8", "dense-int4-gptq", "dense-int3g16-asym-gptq+0.5"]
     names += ["whiten-keep0.5", "whiten-keep0.5-factors-int8", "whiten-keep0.5-factors-int4"]
     records = {p.stem: json.loads(p.read_text()) for p in (out / "points").iterdir()}
     assert sorted(records) == sorted(names)
     assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # the kept model deleted
     sizes = [mlp_bytes(records[name]) for name in names]
     assert sizes[1] < sizes[0] / 1.9 and sizes[2] < sizes[1] / 1.8  # int8 and int4 with their scales
-    assert sizes[4] < 0.6 * sizes[3] and sizes[5] < 0.7 * sizes[4]  # tiny factors: scales weigh more
+    assert sizes[5] < 0.6 * sizes[4] and sizes[6] < 0.7 * sizes[5]  # tiny factors: scales weigh more
+    corrected = records["dense-int3g16-asym-gptq+0.5"]["quantization"]
+    assert corrected["correction_keep"] == 0.5 and corrected["zero_point"] and corrected["bits"] == 3
+    assert sizes[3] == corrected["mlp_bytes"] > sizes[2]  # the bf16 correction counted
     assert records["dense-int8"]["quantization"]["method"] == "rtn"
     assert records["dense-int4-gptq"]["calibration"]["tokens"] == 4 * 32
     assert records["whiten-keep0.5-factors-int4"]["quantization"]["method"] == "gptq+refit"
@@ -223,7 +226,10 @@ def test_quantized_baselines_and_factors_are_points_at_their_bytes(tmp_path, tok
     for name in names[1:]:
         assert records[name]["perplexity"] != dense
     report = (out / "report.md").read_text()
-    assert "--quantize int8,int4-gptq --factor-bits 16,8,4" in report and "| MLP MB |" in report
+    assert (
+        "--quantize int8,int4-gptq,int3g16-asym-gptq+0.5 --factor-bits 16,8,4" in report
+        and "| MLP MB |" in report
+    )
     assert all(f"| {name} |" in report for name in names)
     assert (out / "memory-quality.png").stat().st_size > 0
 

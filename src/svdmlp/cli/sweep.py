@@ -49,9 +49,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         action=options.Extend,
         default=(),
         metavar="SCHEME[,SCHEME]",
-        help="add the dense model with its MLP weights quantized, each scheme a point: int8 (per "
-        "output channel) or int4 (groups of 128) rounded to nearest, or int8-gptq / int4-gptq rounded "
-        "by GPTQ on the calibration windows (the baselines to compare compression with at equal bytes)",
+        help="add the dense model with its MLP weights quantized, each a point: a scheme rounded to "
+        "nearest (int8 per output channel, int4 in groups of 128, any intB[gG][-asym] as eval --quantize "
+        "takes), SCHEME-gptq rounded by GPTQ on the calibration windows, SCHEME-gptq+KEEP with a low-rank "
+        "correction keeping KEEP of each weight (eval --correction-keep): the baselines to compare "
+        "compression with at equal bytes",
     )
     p.add_argument(
         "--factor-bits",

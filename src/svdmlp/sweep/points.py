@@ -9,17 +9,47 @@ from pathlib import Path
 
 from svdmlp import models
 from svdmlp.compression.report import mlp_bytes as report_mlp_bytes
-from svdmlp.config import FACTOR_BITS, CompressConfig, LoraSpec
+from svdmlp.config import FACTOR_BITS, CompressConfig, LoraSpec, checked_keep
 from svdmlp.evaluate import suite
 
-# The dense baselines a sweep can add: the MLP weights rounded to nearest or by GPTQ (svdmlp eval --quantize).
-QUANTIZATIONS = ("int8", "int4", "int8-gptq", "int4-gptq")
+
+@dataclass(frozen=True)
+class Quantization:
+    """A dense baseline of a sweep, ``SCHEME[-gptq][+KEEP]``: the MLP weights rounded to nearest by a
+    scheme of :func:`svdmlp.int_weights.scheme` (``int4``, ``int3-asym``, ``int2g64-asym``), or by GPTQ
+    on the calibration windows (``-gptq``), with a low-rank correction keeping ``KEEP`` of each weight's
+    parameters (``+KEEP``, GPTQ only), as ``svdmlp eval --quantize S [--gptq] [--correction-keep K]``."""
+
+    scheme: str
+    gptq: bool = False
+    correction_keep: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str) -> Quantization:
+        from svdmlp.int_weights import scheme
+
+        rest, plus, keep = spec.partition("+")
+        name = rest.removesuffix("-gptq")
+        scheme(name)  # names a bad scheme
+        gptq = name != rest
+        if not plus:
+            return cls(name, gptq)
+        if not gptq:
+            raise ValueError(
+                f"quantization {spec!r}: a correction is fitted on calibration: {name}-gptq+{keep}"
+            )
+        try:
+            return cls(name, gptq, checked_keep(float(keep)))
+        except ValueError:
+            raise ValueError(
+                f"quantization {spec!r}: the correction's keep must be a number in (0, 1]"
+            ) from None
 
 
 @dataclass(frozen=True)
 class Point:
-    """One model of the sweep: ``dense`` (its MLP rounded by ``quantize``, one of
-    :data:`QUANTIZATIONS`, for a baseline), or a recipe (see :meth:`CompressConfig.with_recipe`) at a
+    """One model of the sweep: ``dense`` (its MLP rounded by ``quantize``, a :class:`Quantization`'s
+    spec, for a baseline), or a recipe (see :meth:`CompressConfig.with_recipe`) at a
     keep, its factors stored in ``factor_bits``."""
 
     method: str
@@ -59,8 +89,7 @@ def plan(
     for bits in factor_bits:
         CompressConfig(factor_bits=bits)
     for name in quantize:
-        if name not in QUANTIZATIONS:
-            raise ValueError(f"unknown quantization {name!r}; expected some of {', '.join(QUANTIZATIONS)}")
+        Quantization.parse(name)
     widths = sorted(dict.fromkeys(factor_bits), reverse=True)
     baselines = [Point("dense", quantize=name) for name in dict.fromkeys(quantize)]
     compressed = [
@@ -103,7 +132,7 @@ def relevant(identity: dict, point: Point) -> dict:
     compress = {k: v for k, v in identity["compress"].items() if k != "factor_bits"}
     if point.method == "dense":
         identity = {k: v for k, v in identity.items() if k != "compress"}
-        if point.quantize and point.quantize.endswith("-gptq"):
+        if point.quantize and Quantization.parse(point.quantize).gptq:
             identity["compress"] = {k: compress[k] for k in ("calibration", "seed")}
         return identity
     if CompressConfig().with_recipe(point.method).heals_lora:

@@ -50,7 +50,7 @@ from svdmlp.compression.steps.context import Run
 from svdmlp.config import CompressConfig
 from svdmlp.evaluate import suite
 from svdmlp.quantize import quantize_mlp
-from svdmlp.sweep.points import Point, check_same_sweep, point_path, relevant, sweep_identity
+from svdmlp.sweep.points import Point, Quantization, check_same_sweep, point_path, relevant, sweep_identity
 
 # Where a sweep into OUT keeps the output-gradient Grams its points share (a model on disk).
 SHARED = ".calibration"
@@ -306,15 +306,17 @@ def _dense(model, tokenizer, point: Point, base: CompressConfig) -> dict:
     if point.quantize is None:
         return record
     started = time.perf_counter()
-    name, _, method = point.quantize.partition("-")
-    if method == "gptq":
-        quantization = quantize_dense_mlps(model, tokenizer, name, base)
+    how = Quantization.parse(point.quantize)
+    if how.gptq:
+        quantization = quantize_dense_mlps(
+            model, tokenizer, how.scheme, base, correction_keep=how.correction_keep
+        )
         record["calibration"] = {
             "tokens": quantization["calibration_tokens"],
             "sha256": quantization["calibration_sha256"],
         }
     else:
-        quantization = {**quantize_mlp(model, name), "method": "rtn"}
+        quantization = {**quantize_mlp(model, how.scheme), "method": "rtn"}
     return {**record, "quantization": quantization, "compress_seconds": time.perf_counter() - started}
 
 
