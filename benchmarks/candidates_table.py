@@ -4,7 +4,8 @@ geometric means of the held-out domains and of each unseen suite, and every text
     python benchmarks/candidates_table.py BASE.json NAME=FILE.json ...
 
 BASE.json is an eval with the dense baseline (its first row is dense); each other file an eval of
-one checkpoint on the same texts (``--no-baseline`` is enough). The means are computed here from the
+one checkpoint on the same texts or some of them ("–" where a text was not scored; ``--no-baseline`` is
+enough). The means are computed here from the
 ratios the second table shows, by the function ``svdmlp eval`` uses.
 """
 
@@ -39,7 +40,14 @@ def main(base: str, candidates: list[str]) -> None:
     print(markdown_table(headers, means))
     print()
     texts = list(summaries[0][2]["ratios"])
-    body = [[t, f"{dense[t]:.3g}", *(f"×{s['ratios'][t]:.3f}" for _, _, s in summaries)] for t in texts]
+    body = [
+        [
+            t,
+            f"{dense[t]:.3g}",
+            *(f"×{s['ratios'][t]:.3f}" if t in s["ratios"] else "–" for _, _, s in summaries),
+        ]
+        for t in texts
+    ]
     print(markdown_table(["text", "dense PPL", *(name for name, _, _ in summaries)], body))
 
 
