@@ -147,7 +147,8 @@ class CalibrationSpec:
 
     ``source`` is a built-in calibration source (see :mod:`svdmlp.corpora`: ``shakespeare``,
     ``gsm8k``, ``python``, ``prose``, ``chat``; each disjoint from its ``-heldout`` evaluation part),
-    ``general`` (all five, equal weights: the default), ``self`` (the dense model's own samples), a
+    ``general`` (all five, equal weights: the default), ``languages`` and ``web`` (text beyond the
+    domains, :mod:`svdmlp.corpora.varied`), ``self`` (the dense model's own samples), a
     path to a UTF-8 text file, or a weighted mixture of those, ``"NAME[:WEIGHT],NAME[:WEIGHT]"``: each
     text gets its weight's share of the windows.
     """

@@ -87,7 +87,7 @@ def test_missing_file(tmp_path):
         corpora.read_text(str(path))
     assert str(error.value) == (
         f"text file {path} does not exist (built-in sources: shakespeare, gsm8k, python, prose, chat, "
-        "shakespeare-heldout, gsm8k-heldout, python-heldout, prose-heldout, chat-heldout; "
+        "languages, web, shakespeare-heldout, gsm8k-heldout, python-heldout, prose-heldout, chat-heldout; "
         "unseen-text suites dev and report, their texts dev-* and report-*)"
     )
 

@@ -175,8 +175,9 @@ def add_calibration(parser: argparse.ArgumentParser, samples: int | None = 32, w
         default="general",
         metavar="SOURCE[:WEIGHT],...",
         help=f"calibration text{what}: 'general' (default: the five built-in domains shakespeare, gsm8k, "
-        "python, prose, chat at equal weights), one of them, or a file; a comma-separated list with weights "
-        "mixes them, e.g. general:3,notes.txt:1",
+        "python, prose, chat at equal weights), one of them, 'languages' (22 other languages), 'web' "
+        "(HTML, JavaScript, CSS), 'self' (the model's own samples) or a file; a comma-separated list with "
+        "weights mixes them, e.g. general:5,languages:1,web:1 or general:3,notes.txt:1",
     )
     parser.add_argument(
         "--calib-samples",

