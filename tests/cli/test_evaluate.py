@@ -206,7 +206,7 @@ def test_eval_dense_model_rounded_by_gptq(compressed, capsys):
     _, rtn = json.loads(out)["rows"]
     assert gptq["quantization"]["mlp_bytes"] == rtn["quantization"]["mlp_bytes"]
     assert gptq["perplexity"] != rtn["perplexity"]
-    assert_cli_error(capsys, "eval", ["eval", model_dir, "--gptq"], "give --quantize int8 or int4")
+    assert_cli_error(capsys, "eval", ["eval", model_dir, "--gptq"], "give --quantize SCHEME")
     assert_cli_error(capsys, "eval", ["eval", ckpt, "--quantize", "int4", "--gptq"], "svdmlp quantize")
 
 

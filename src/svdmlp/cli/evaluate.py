@@ -26,9 +26,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         metavar="SCHEME",
         help="quantize the MLP weights by round-to-nearest: int8 (per output channel), int4 (groups of 128), "
-        "any intB (B from 2 to 8 bits, groups of 128) or intBgG (groups of G); symmetric, fp16 scales. A "
-        "dense model is scored beside its quantized self (the baseline to compare compression with at "
-        "equal bytes), a checkpoint with its factors quantized",
+        "any intB (B from 2 to 8 bits, groups of 128) or intBgG (groups of G), symmetric, or with -asym a "
+        "zero point per group (int3-asym); fp16 scales. A dense model is scored beside its quantized self "
+        "(the baseline to compare compression with at equal bytes), a checkpoint with its factors quantized",
     )
     p.add_argument(
         "--gptq",
@@ -57,7 +57,9 @@ def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp.evaluate import suite
 
     if args.gptq and not args.quantize:
-        raise ValueError("--gptq chooses how --quantize rounds: give --quantize int8 or int4")
+        raise ValueError(
+            "--gptq chooses how --quantize rounds: give --quantize SCHEME (int8, int4, int3-asym, ...)"
+        )
     if args.correction_keep and not args.gptq:
         raise ValueError(
             "--correction-keep is fitted on calibration windows: give it with --quantize and --gptq"
