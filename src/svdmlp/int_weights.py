@@ -404,8 +404,10 @@ class QuantizedMatrix(nn.Module):
 
 
 def is_quantized(factor: torch.Tensor | QuantizedMatrix) -> bool:
-    """Whether a factor is stored quantized: the one place the two kinds of factor are told apart."""
-    return isinstance(factor, QuantizedMatrix)
+    """Whether a factor is stored quantized: the one place the two kinds of factor are told apart. Anything
+    but a plain tensor counts, as long as it multiplies like a :class:`QuantizedMatrix` (``matmul``,
+    ``in_features``): the vLLM plugin hands the kernels its own such view of vLLM's parameters."""
+    return not isinstance(factor, torch.Tensor)
 
 
 def stored_bytes(factor: torch.Tensor | QuantizedMatrix) -> int:
