@@ -20,8 +20,9 @@ import torch
 from svdmlp import decompose
 from svdmlp.int_weights import Scheme, dequantize, gptq
 
-# Quantization and correction solved in turn this many times after the first pass (measured:
-# BENCHMARKS.md, 2026-12-07 session 28).
+# Quantization and correction solved in turn this many times after the first pass. Not yet measured
+# against none (the run of BENCHMARKS.md, 2026-12-07 session 28, predicts 0-3% better and was stopped
+# before that point).
 CORRECTION_ROUNDS = 1
 
 
