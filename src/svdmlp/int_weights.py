@@ -285,6 +285,11 @@ class QuantizedMatrix(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, how: Scheme, device=None):
         super().__init__()
+        if how not in SCHEMES.values():
+            raise ValueError(
+                f"{how.name} is evaluated by fake quantization only; stored and run quantized are "
+                f"{' and '.join(SCHEMES)} (symmetric, the packed kernels' own)"
+            )
         self.in_features, self.out_features, self.scheme = in_features, out_features, how
         width, dtype = (in_features, torch.int8) if how.bits == 8 else (-(-in_features // 2), torch.uint8)
         self.register_buffer("values", torch.empty(out_features, width, dtype=dtype, device=device))

@@ -80,6 +80,44 @@ def test_factor_bits_put_quantized_variants_beside_float_ones(model_dir, tmp_pat
     assert "factor bits must be one of [4, 8, 16], got 3" in capsys.readouterr().err
 
 
+def test_quantized_variants_run_beside_dense_at_their_bytes(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out_json = tmp_path / "e2e.json"
+    argv = ["bench", "e2e", str(model_dir), "--keep", "0.5", "--batch", "1", "--align", "16", "--no-hf"]
+    argv += ["--quantize", "int8,int4,int4+0.25", "--dtype", "bfloat16", "--prompt-len", "8"]
+    assert main([*argv, "--new-tokens", "3", "--repeats", "1", "--json", str(out_json)]) == 0
+    report = json.loads(out_json.read_text())
+    rows = {row["variant"]: row for row in report["rows"]}
+    assert list(rows) == ["dense", "keep 0.5", "dense int8", "dense int4", "dense int4+0.25"]
+    assert (
+        rows["dense int4"]["weight_bytes"]
+        < rows["dense int8"]["weight_bytes"]
+        < rows["dense"]["weight_bytes"]
+    )
+    # hidden 64, inter 96: the correction's rank round(0.25·64·96 / (160·16))·16 = 16 for each projection,
+    # (64 + 96)·16 bf16 parameters each, three projections a layer
+    layers = len(tiny_model("llama").model.layers)
+    extra = rows["dense int4+0.25"]["weight_bytes"] - rows["dense int4"]["weight_bytes"]
+    assert rows["dense int4+0.25"]["ranks"] == {"gate": 16, "up": 16, "down": 16}
+    assert extra == layers * 3 * (64 + 96) * 16 * 2
+    assert report["config"]["quantized"] == ["int8", "int4", "int4+0.25"]
+    assert "dense int4+0.25 batch 1: decode" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("int3", "the scheme must be one of int8, int4"),
+        ("int4-asym", "the scheme must be one of int8, int4"),
+        ("int4+x", "the correction's keep must be a number in (0, 1]"),
+        ("int4+1.5", "the correction's keep must be a number in (0, 1]"),
+    ],
+)
+def test_a_bad_quantized_variant_is_one_line(model_dir, capsys, spec, message):
+    assert main(["bench", "e2e", str(model_dir), "--device", "cpu", "--quantize", spec]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_random_lowrank_has_the_ranks_keep_gives():
     model = tiny_model("gemma2")
     ranks = e2e.install_random_lowrank(model, keep=0.5, align=8, backend="torch")

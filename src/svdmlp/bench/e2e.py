@@ -1,6 +1,7 @@
 """``bench e2e``: whole-model generation speed, dense against compressed, in the same engine.
 
-Every row is one model variant (dense, or its MLPs low-rank at one keep) at one batch size: the
+Every row is one model variant (dense, its MLPs low-rank at one keep, or its MLP weights quantized as
+users deploy them, with or without a low-rank correction) at one batch size: the
 prefill throughput, the decode time per step (one new token for each of the B sequences), and the
 weight-streaming floor of a decode step, ``bytes of every weight read / measured bandwidth``, with
 the % of it reached. Decode at small batches is weight streaming, so the floor ratio of dense to
@@ -8,7 +9,8 @@ compressed is the ideal speedup. Optionally, Hugging Face ``generate`` (dynamic 
 timed at batch 1 as the baseline the engine has to beat.
 
 Speed does not depend on the factors' values, so compressed variants get random factors of the
-ranks ``keep`` gives: no calibration, no SVD, the same shapes a real compression produces.
+ranks ``keep`` gives: no calibration, no SVD, the same shapes a real compression produces. Quantized
+variants round the model's own weights to nearest, and a correction's factors are random too.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from svdmlp.bench.ceilings import measure_ceilings
 from svdmlp.bench.kernel import CPU_CEILING_SIZES, CUDA_CEILING_SIZES
 from svdmlp.decompose import Factors
 from svdmlp.engine import Engine
-from svdmlp.int_weights import factor_scheme
-from svdmlp.ranks import check_keep, uniform_ranks
+from svdmlp.int_weights import SCHEMES, Scheme, factor_scheme
+from svdmlp.quantized_linear import QuantizedLinear
+from svdmlp.ranks import check_keep, rank_for_keep, uniform_ranks
 
 # A Llama-3.2-1B-shaped model with random weights: the GPU benchmark needs no download.
 RANDOM_MODEL = "random-llama-3.2-1b"
@@ -66,6 +69,7 @@ class E2EConfig:
     price_per_hour: float | None = None  # device-hour price for the cost column (--price)
     compile: str | None = None  # torch.compile each engine's decode step in this mode (--compile)
     factor_bits: tuple[int, ...] = (16,)  # each keep once per entry: 16 float factors, 8/4 quantized
+    quantized: tuple[str, ...] = ()  # dense variants, MLP weights quantized: SCHEME[+KEEP] (--quantize)
 
     def __post_init__(self) -> None:
         if not self.keeps:
@@ -82,6 +86,8 @@ class E2EConfig:
             raise ValueError(f"the price per device-hour must be positive, got {self.price_per_hour}")
         for bits in self.factor_bits:
             factor_scheme(bits)  # a ValueError naming the choices
+        for spec in self.quantized:
+            dense_quantization(spec)  # a ValueError naming the choices
         if self.new_tokens < 2:
             raise ValueError(
                 f"new_tokens must be >= 2 (a prefill token, then decode steps), got {self.new_tokens}"
@@ -103,7 +109,24 @@ class E2EConfig:
             "price_per_hour": self.price_per_hour,
             "compile": self.compile,
             "factor_bits": list(self.factor_bits),
+            "quantized": list(self.quantized),
         }
+
+
+def dense_quantization(spec: str) -> tuple[Scheme, float]:
+    """The scheme and correction keep of a quantized variant, ``SCHEME[+KEEP]``: ``int8`` or ``int4``
+    (the packed kernels' own), and a low-rank correction keeping ``KEEP`` of each weight's parameters."""
+    name, plus, keep = spec.partition("+")
+    if name not in SCHEMES:
+        raise ValueError(f"quantized variant {spec!r}: the scheme must be one of {', '.join(SCHEMES)}")
+    if not plus:
+        return SCHEMES[name], 0.0
+    try:
+        return SCHEMES[name], check_keep(float(keep))
+    except ValueError:
+        raise ValueError(
+            f"quantized variant {spec!r}: the correction's keep must be a number in (0, 1]"
+        ) from None
 
 
 def build_model(name: str | None, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -133,6 +156,29 @@ def install_random_lowrank(model: torch.nn.Module, keep: float, align: int, back
         }
         lowrank.install(model, spec, index, ranks, weight.dtype, weight.device, factors)
     lowrank.set_backend(model, backend)
+    return ranks
+
+
+def install_quantized(model: torch.nn.Module, spec: str, align: int) -> dict[str, int] | None:
+    """Swap every MLP projection for a :class:`QuantizedLinear` of its weight (rounded to nearest) as
+    ``spec`` (:func:`dense_quantization`) says, with random correction factors; the correction's ranks."""
+    how, keep = dense_quantization(spec)
+    model_spec = arch.of_model(model)
+    ranks = None
+    for index, layer in enumerate(arch.decoder_layers(model, model_spec)):
+        mlp = getattr(layer, model_spec.mlp)
+        for name in arch.PROJECTIONS:
+            linear = arch.dense_projection(model, model_spec, index, name)
+            correction = None
+            if keep:
+                rank = rank_for_keep(linear.in_features, linear.out_features, keep, align)
+                ranks = {**(ranks or {}), name: rank}
+                correction = Factors(
+                    u=torch.randn(rank, linear.in_features, device=linear.weight.device)
+                    / math.sqrt(linear.in_features),
+                    v=torch.randn(linear.out_features, rank, device=linear.weight.device) / math.sqrt(rank),
+                )
+            setattr(mlp, model_spec.projection(name), QuantizedLinear.of(linear, how, correction=correction))
     return ranks
 
 
@@ -167,7 +213,8 @@ def hf_generate_seconds(model, prompt: list[int], new_tokens: int) -> float:
 
 @dataclass
 class Variant:
-    """One model variant under test: dense (keep None) or random low-rank MLPs at ``keep``."""
+    """One model variant under test: dense (keep None; its MLP quantized when named so), or random
+    low-rank MLPs at ``keep``; ``ranks``: the low-rank modules' or the quantized MLP's correction's."""
 
     name: str
     model: torch.nn.Module
@@ -218,7 +265,8 @@ def measure_hf(variants: list[Variant], config: E2EConfig, prompt: list[int]) ->
 
 
 def build_variants(name: str | None, config: E2EConfig, log: Callable[[str], None]) -> list[Variant]:
-    """The dense model and one copy per keep with random low-rank MLPs, each with its engine."""
+    """The dense model, one copy per keep (and factor storage) with random low-rank MLPs, and one per
+    quantized variant, each with its engine."""
     variants = []
     for keep, bits in [(None, 16)] + [(keep, bits) for keep in config.keeps for bits in config.factor_bits]:
         model = build_model(name, config.device, config.dtype)
@@ -230,16 +278,27 @@ def build_variants(name: str | None, config: E2EConfig, log: Callable[[str], Non
                 module.quantize_factors(how)
             variant += f" {how.name}"
         log(f"{name or models.DEFAULT_MODEL} {variant}" + ("" if ranks is None else f": ranks {ranks}"))
-        engine = Engine(
-            model,
-            max_batch=max(config.batches),
-            max_seq_len=config.prompt_len + config.new_tokens,
-            sync_every=config.new_tokens,  # no host sync inside the timed decode
-            compile=config.compile is not None,
-            compile_mode=config.compile or "default",
+        variants.append(Variant(variant, model, keep, ranks, _engine(model, config)))
+    for spec in config.quantized:
+        model = build_model(name, config.device, config.dtype)
+        ranks = install_quantized(model, spec, config.align)
+        log(
+            f"{name or models.DEFAULT_MODEL} dense {spec}"
+            + ("" if ranks is None else f": correction ranks {ranks}")
         )
-        variants.append(Variant(variant, model, keep, ranks, engine))
+        variants.append(Variant(f"dense {spec}", model, None, ranks, _engine(model, config)))
     return variants
+
+
+def _engine(model: torch.nn.Module, config: E2EConfig) -> Engine:
+    return Engine(
+        model,
+        max_batch=max(config.batches),
+        max_seq_len=config.prompt_len + config.new_tokens,
+        sync_every=config.new_tokens,  # no host sync inside the timed decode
+        compile=config.compile is not None,
+        compile_mode=config.compile or "default",
+    )
 
 
 def measure_model(

@@ -173,7 +173,8 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
         "e2e",
         help="generation speed of dense vs compressed models in the same engine, against the floor",
         description=(
-            "Prefill tokens/s and decode ms/step, dense vs MLPs low-rank at each --keep, with the "
+            "Prefill tokens/s and decode ms/step, dense vs MLPs low-rank at each --keep (and quantized, "
+            "--quantize), with the "
             "weight-streaming floor (weight bytes / measured bandwidth). On CUDA: a Llama-3.2-1B-shaped "
             "model with random bf16 weights, plus MODEL if given; on CPU: MODEL (default: the built-in "
             "SmolLM2-135M) in float32 (--dtype to change). Compressed variants get random factors of the right ranks."
@@ -229,6 +230,17 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
         "svdmlp compress --factor-bits), e.g. 16,8 for both side by side",
     )
     parser.add_argument(
+        "--quantize",
+        type=options.comma_list(str),
+        action=options.Extend,
+        default=(),
+        metavar="SCHEME[+KEEP],...",
+        help="also the dense model with its MLP weights quantized, as users deploy it: int8 (per "
+        "channel) or int4 (groups of 128), run by torch's weight-only kernels on CPU in bf16 and "
+        "svdmlp's Triton kernel at decode on CUDA; +KEEP adds a random low-rank correction keeping "
+        "that fraction of each weight (svdmlp eval --correction-keep), e.g. int8,int4,int4+0.05",
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)"
     )
     options.add_json(parser, "every row, the ceilings and the environment")
@@ -269,6 +281,7 @@ def run_e2e(args: argparse.Namespace) -> options.Outcome:
         price_per_hour=args.price,
         compile=options.compile_mode(args),
         factor_bits=args.factor_bits,
+        quantized=args.quantize,
     )
     environment = describe(device)
     print(f"bench e2e on {environment['device']['name']} ({device.type})", flush=True)

@@ -1,0 +1,81 @@
+"""A dense projection stored quantized, with an optional low-rank correction: ``y = x·Q(W)ᵀ + (x·U)·V``.
+
+Weight-only int8/int4 is what users deploy when they do not compress, so svdmlp runs it in the same
+engine as its own models to compare speed honestly; the correction (issue 50,
+:mod:`svdmlp.compression.correction`) keeps the rounding error's dominant directions beside it. The
+quantized weight multiplies by :class:`~svdmlp.int_weights.QuantizedMatrix`'s kernels (torch's
+weight-only ones on CPU in bf16, svdmlp's Triton kernel at decode on CUDA), the correction by two small
+products of factors in the low-rank modules' layout, ``u_t (in, r)`` and ``v_t (r, out)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from svdmlp.decompose import Factors
+from svdmlp.int_weights import QuantizedMatrix, Scheme, stored_bytes
+
+
+class QuantizedLinear(nn.Module):
+    """A bias-free ``nn.Linear(in, out)`` whose weight is ``quantized`` (a :class:`QuantizedMatrix`),
+    plus a rank-``rank`` correction ``(x @ u_t) @ v_t`` when ``rank`` > 0."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        how: Scheme,
+        rank: int = 0,
+        dtype=torch.bfloat16,
+        device=None,
+    ):
+        super().__init__()
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        self.quantized = QuantizedMatrix(in_features, out_features, how, device=device)
+        if rank:
+            self.u_t = nn.Parameter(
+                torch.empty(in_features, rank, dtype=dtype, device=device), requires_grad=False
+            )
+            self.v_t = nn.Parameter(
+                torch.empty(rank, out_features, dtype=dtype, device=device), requires_grad=False
+            )
+
+    @classmethod
+    @torch.no_grad()
+    def of(
+        cls,
+        linear: nn.Linear,
+        how: Scheme,
+        hessian: torch.Tensor | None = None,
+        correction: Factors | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> QuantizedLinear:
+        """``linear``'s weight quantized by ``how`` (rounded to nearest, or by GPTQ given the Gram
+        ``hessian`` of its inputs), with ``correction`` (``v (out, r)``, ``u (r, in)``) if given, its
+        factors in ``dtype`` (default: the weight's)."""
+        if linear.bias is not None:
+            raise ValueError("a quantized projection stands in for a bias-free linear layer only")
+        weight = linear.weight
+        dtype = dtype or weight.dtype
+        rank = 0 if correction is None else correction.u.shape[0]
+        module = cls(linear.in_features, linear.out_features, how, rank, dtype, "meta")
+        module.quantized = QuantizedMatrix.of(weight.detach().T, how, hessian)
+        if rank:
+            module.u_t = nn.Parameter(correction.u.T.to(dtype).contiguous(), requires_grad=False)
+            module.v_t = nn.Parameter(correction.v.T.to(dtype).contiguous(), requires_grad=False)
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.quantized.matmul(x)
+        if self.rank:
+            y = y + (x @ self.u_t) @ self.v_t
+        return y
+
+    def nbytes(self) -> int:
+        """Bytes as stored: the packed weight with its scales, and the correction's factors."""
+        correction = [self.u_t, self.v_t] if self.rank else []
+        return self.quantized.nbytes() + sum(stored_bytes(factor) for factor in correction)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, rank={self.rank}"

@@ -1,0 +1,52 @@
+"""A projection stored quantized with a low-rank correction: its product against float64, its bytes, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from svdmlp.decompose import Factors
+from svdmlp.int_weights import QuantizedMatrix, scheme
+from svdmlp.quantized_linear import QuantizedLinear
+
+
+def _reference(module: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """``x·Q(W)ᵀ + (x·U)·V`` in float64, from the stored integers, scales and factors."""
+    y = x.double() @ module.quantized.dequantized(torch.float64).T
+    if module.rank:
+        y += (x.double() @ module.u_t.double()) @ module.v_t.double()
+    return y
+
+
+@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rank", [0, 5])
+def test_the_product_is_the_stored_weight_plus_the_correction(name, dtype, rank):
+    torch.manual_seed(0)
+    linear = nn.Linear(144, 40, bias=False)  # 144 inputs: a whole group of 128 and a padded one
+    correction = Factors(u=torch.randn(rank, 144), v=torch.randn(40, rank) * 0.01) if rank else None
+    module = QuantizedLinear.of(linear, scheme(name), correction=correction, dtype=dtype)
+    x = torch.randn(3, 7, 144).to(dtype)
+    with torch.no_grad():  # the CPU weight-only kernels run only without autograd
+        y = module(x)
+    assert y.shape == (3, 7, 40) and y.dtype == dtype
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(y.double(), _reference(module, x), rtol=tolerance, atol=tolerance)
+    relative = (module.quantized.dequantized() - linear.weight).norm() / linear.weight.norm()
+    assert relative < (0.01 if name == "int8" else 0.15)
+
+
+def test_its_bytes_are_the_packed_weight_and_the_correction():
+    linear = nn.Linear(144, 40, bias=False)
+    correction = Factors(u=torch.randn(8, 144), v=torch.randn(40, 8))
+    module = QuantizedLinear.of(linear, scheme("int4"), correction=correction, dtype=torch.bfloat16)
+    assert module.nbytes() == scheme("int4").nbytes(40, 144) + 2 * 8 * (144 + 40)
+    assert QuantizedLinear.of(linear, scheme("int8")).nbytes() == scheme("int8").nbytes(40, 144)
+
+
+def test_a_biased_layer_and_an_unstored_scheme_are_refused():
+    with pytest.raises(ValueError, match="bias-free linear layer only"):
+        QuantizedLinear.of(nn.Linear(16, 8), scheme("int4"))
+    with pytest.raises(ValueError, match="int3-asym is evaluated by fake quantization only"):
+        QuantizedMatrix(16, 8, scheme("int3-asym"))
