@@ -45,6 +45,24 @@ def test_memory_points_name_the_keep_and_factor_width_and_skip_unknown_sizes():
     assert [geomean for _, _, geomean in points] == pytest.approx([1.0, 1.0, 2.0, 4.0])
 
 
+def test_a_corrected_baseline_is_named_by_its_scheme_method_and_correction():
+    record = _record("dense-q", "dense", 10.0, quantize="int3-asym-gptq+0.05")
+    assert markdown.series(record) == "dense int3-asym GPTQ + correction 0.05"
+    assert markdown.series({**record, "quantize": "int4-gptq"}) == "dense int4 GPTQ"
+
+
+def test_the_pareto_front_keeps_what_no_point_beats_on_both_axes():
+    points = [("a", 40.0, 1.10), ("b", 50.0, 1.05), ("c", 45.0, 1.20), ("d", 40.0, 1.15), ("e", 160.0, 1.0)]
+    # c is beaten by a (smaller and better), d by a (as small, better); ties on both axes keep both
+    assert [label for label, _, _ in markdown.pareto_front(points)] == ["a", "b", "e"]
+    assert [label for label, _, _ in markdown.pareto_front([*points, ("a2", 40.0, 1.10)])] == [
+        "a",
+        "a2",
+        "b",
+        "e",
+    ]
+
+
 def test_memory_points_name_the_recipe_where_several_ran():
     labels = [label for label, _, _ in markdown._memory_points(_records("svd"))]
     assert labels[2:] == ["whiten keep 0.8", "whiten keep 0.8, factors int4", "svd keep 0.8"]

@@ -232,6 +232,7 @@ def test_quantized_baselines_and_factors_are_points_at_their_bytes(tmp_path, tok
     )
     assert all(f"| {name} |" in report for name in names)
     assert (out / "memory-quality.png").stat().st_size > 0
+    assert "Pareto front (no other point as small and as good): " in report
 
     # Resumed with the floating-point point finished, a width compresses again with its factors
     # quantized: the same point as made from the kept model.

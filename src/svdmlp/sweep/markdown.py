@@ -19,7 +19,7 @@ from svdmlp.evaluate import harness, suite
 from svdmlp.paths import write_output
 from svdmlp.plots import new_figure, save_figure
 from svdmlp.sweep import speed
-from svdmlp.sweep.points import mlp_bytes
+from svdmlp.sweep.points import Quantization, mlp_bytes
 from svdmlp.tables import format_cell, markdown_table
 
 SPEED_PLOT = "ppl-vs-speed.png"
@@ -31,11 +31,15 @@ def _slug(name: str) -> str:
 
 
 def series(record: dict) -> str:
-    """What a point is a point of: ``dense``, a dense baseline (``dense int4 GPTQ``), or a recipe with
+    """What a point is a point of: ``dense``, a dense baseline (``dense int4 GPTQ``, ``dense int3-asym
+    GPTQ + correction 0.05``), or a recipe with
     its factors' width (``whiten``, ``whiten, factors int8``): one line in the plots."""
     if record["method"] == "dense":
-        scheme, _, method = (record.get("quantize") or "").partition("-")
-        return "dense" if not scheme else f"dense {scheme} {(method or 'rtn').upper()}"
+        if not record.get("quantize"):
+            return "dense"
+        how = Quantization.parse(record["quantize"])
+        correction = f" + correction {how.correction_keep:g}" if how.correction_keep else ""
+        return f"dense {how.scheme} {'GPTQ' if how.gptq else 'RTN'}{correction}"
     bits = record.get("factor_bits", 16)
     return record["method"] if bits == 16 else f"{record['method']}, factors {FACTOR_BITS[bits]}"
 
@@ -93,12 +97,35 @@ def plot_accuracy(records: list[dict], task: str, path: Path) -> None:
     save_figure(figure, path)
 
 
+def pareto_front(points: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """The points of ``(label, megabytes, ratio)`` that no other point beats on both axes (as small or
+    smaller and as good or better, one of the two strictly), from the fewest bytes up: what a user
+    choosing by size and quality would ever pick."""
+    front = [
+        p
+        for p in points
+        if not any(q[1] <= p[1] and q[2] <= p[2] and (q[1], q[2]) != (p[1], p[2]) for q in points)
+    ]
+    return sorted(front, key=lambda p: (p[1], p[2]))
+
+
 def plot_memory_quality(points: list[tuple[str, float, float]], path: Path, title: str) -> None:
-    """Each ``(label, MLP megabytes, geometric-mean perplexity ratio to dense)`` as a labelled dot."""
+    """Each ``(label, MLP megabytes, geometric-mean perplexity ratio to dense)`` as a labelled dot, the
+    Pareto front (:func:`pareto_front`) as a step line through its points."""
     figure, axes = new_figure((6.5, 4.5))
     for label, megabytes, ratio in points:
         axes.scatter([megabytes], [ratio])
         axes.annotate(label, (megabytes, ratio), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    front = pareto_front(points)
+    axes.step(
+        [p[1] for p in front],
+        [p[2] for p in front],
+        where="post",
+        color="grey",
+        alpha=0.6,
+        label="Pareto front",
+    )
+    axes.legend(fontsize="small")
     axes.set_xlabel("MLP megabytes (scales included)")
     axes.set_ylabel("perplexity / dense, geometric mean over the texts")
     axes.grid(True, alpha=0.3)
@@ -234,7 +261,15 @@ def write_report(out: Path, records: list[dict], command: str, bench: speed.Benc
     memory = _memory_points(records) if _dense(records) is not None and len(texts) > 1 else []
     if len(memory) > 1:
         plot_memory_quality(memory, out / MEMORY_PLOT, f"memory against quality: {sweep['model']}")
-        lines += [f"![MLP bytes against the geometric-mean perplexity ratio]({MEMORY_PLOT})", ""]
+        front = ", ".join(
+            f"{label} ({megabytes:.1f} MB, ×{ratio:.3f})" for label, megabytes, ratio in pareto_front(memory)
+        )
+        lines += [
+            f"![MLP bytes against the geometric-mean perplexity ratio]({MEMORY_PLOT})",
+            "",
+            f"Pareto front (no other point as small and as good): {front}.",
+            "",
+        ]
     for task in tasks:
         if all(not r["tasks"][task]["error"] for r in records):
             name = f"acc-{_slug(task)}.png"
