@@ -336,7 +336,7 @@ def test_a_report_that_disagrees_with_the_manifest_is_refused(ckpt):
     edit_metadata(ckpt, lambda m: m["report"]["layers"][0]["projections"][0].update(rank=24))
     assert _one_line_error(ckpt) == (
         f"checkpoint {ckpt}: config.json's quantization_config and svdmlp.json's report record other "
-        "ranks or factor bits (edited by hand?): compress again"
+        "ranks, factor bits or quantized weights (edited by hand?): compress again"
     )
 
 

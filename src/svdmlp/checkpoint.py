@@ -37,7 +37,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from svdmlp import arch, lazy, lowrank, models
+from svdmlp import arch, lazy, lowrank, models, skeleton
 from svdmlp.checkpoint_record import (
     DIGEST_KEY,
     FORMAT,
@@ -51,7 +51,6 @@ from svdmlp.checkpoint_record import (
 )
 from svdmlp.compression.report import CompressionReport
 from svdmlp.config import CompressConfig
-from svdmlp.int_weights import factor_scheme
 from svdmlp.paths import file_sha256, under_umask
 from svdmlp.serving import quant_config
 from svdmlp.versions import installed_versions
@@ -287,10 +286,11 @@ def _manifest(directory, config, metadata: dict) -> quant_config.QuantSpec:
     if record is None:
         return recorded
     manifest = quant_config.parse(record)
-    if (manifest.layers, manifest.factor_bits) != (recorded.layers, recorded.factor_bits):
+    fields = ("layers", "factor_bits", "weights")
+    if any(getattr(manifest, name) != getattr(recorded, name) for name in fields):
         raise ValueError(
             f"checkpoint {directory}: config.json's quantization_config and svdmlp.json's report record "
-            "other ranks or factor bits (edited by hand?): compress again"
+            "other ranks, factor bits or quantized weights (edited by hand?): compress again"
         )
     return manifest
 
@@ -333,7 +333,7 @@ def load(
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=compute)
     manifest = _manifest(directory, config, metadata)
-    lowrank.install_skeleton(model, manifest.layers, compute, factor_scheme(manifest.factor_bits))
+    skeleton.install(model, manifest, compute)
     state = {}
     for name in weight_files(metadata):
         weights = Path(directory).expanduser() / name

@@ -37,7 +37,7 @@ DIGEST_KEY = "sha256"
 DIGEST_SINCE = 5
 # The dtypes svdmlp saves weights in (torch's floating dtypes by name).
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-_STATUSES = ("compressed", "skipped")
+_STATUSES = ("compressed", "skipped", "quantized")  # quantized: the weights (--quantize), corrected or not
 
 
 def is_checkpoint(directory: str | os.PathLike) -> bool:
@@ -180,9 +180,10 @@ def _layer_problem(entry, layers: int | None) -> str:
     if layers is not None and index >= layers:
         return f"records layer {index}, but the model of config.json has {layers} layers"
     if entry.get("status") not in _STATUSES or not isinstance(entry.get("module", ""), str):
-        return f"has layer {index} of status {entry.get('status')!r}, neither compressed nor skipped"
+        return f"has layer {index} of status {entry.get('status')!r}, not one of {', '.join(_STATUSES)}"
     projections = entry.get("projections", [])
-    if not isinstance(projections, list) or (entry["status"] == "compressed") != bool(projections):
+    must_have = {"compressed": True, "skipped": False}.get(entry["status"], bool(projections))
+    if not isinstance(projections, list) or must_have != bool(projections):
         return f"has layer {index} {entry['status']} with projections {projections!r}"
     names = [p.get("name") if isinstance(p, dict) else None for p in projections]
     if len(set(names)) != len(names) or not set(names) <= set(PROJECTIONS):

@@ -12,6 +12,8 @@ from svdmlp.ranks import check_keep
 # --factor-bits: the quantization scheme (svdmlp.int_weights) the factors are stored in; 16 keeps them
 # in the model's floating-point dtype.
 FACTOR_BITS = {16: None, 8: "int8", 4: "int4"}
+# What a checkpoint's quantized weights (``quantize``) are stored in: the factors' schemes.
+STORED_SCHEMES = tuple(name for name in FACTOR_BITS.values() if name is not None)
 
 # The calibration windows hold about this many tokens per unit of the MLP's intermediate width. The
 # Grams being estimated are that wide, and an estimate's error falls with its samples per dimension:
@@ -234,6 +236,13 @@ class CompressConfig:
         lora: steps, learning rates and window length of ``heal="lora"``.
         factor_bits: 16 keeps the factors in floating point; 8 or 4 stores them quantized after
             healing (int8 per output channel, int4 in groups of 128: :mod:`svdmlp.int_weights`).
+        quantize: instead of factorising, store every MLP weight quantized by this scheme (``"int8"``
+            or ``"int4"``), rounded by GPTQ on the calibration windows layer by layer (each layer
+            calibrated on the outputs of the layers already rounded):
+            :mod:`svdmlp.compression.quantized_dense`. The recipe's other fields do not apply.
+        correction_keep: with ``quantize``, beside each quantized weight a low-rank correction of its
+            rounding error keeping this fraction of its parameters (the rank rule of ``keep``, aligned
+            to ``align``; :mod:`svdmlp.compression.correction`); 0: none.
     """
 
     keep: float = 0.8
@@ -248,9 +257,12 @@ class CompressConfig:
     heal: str = "none"
     lora: LoraSpec = field(default_factory=LoraSpec)
     factor_bits: int = 16
+    quantize: str | None = None
+    correction_keep: float = 0.0
 
     def __post_init__(self) -> None:
         checked_keep(self.keep)
+        self._check_quantize()
         if self.factor_bits not in FACTOR_BITS:
             raise ValueError(f"factor bits must be one of {sorted(FACTOR_BITS)}, got {self.factor_bits!r}")
         if not isinstance(self.align, int) or self.align < 1:
@@ -285,6 +297,24 @@ class CompressConfig:
             if not layers or any(not isinstance(i, int) or i < 0 for i in layers):
                 raise ValueError(f"layers must be a non-empty list of indices >= 0, got {layers}")
             object.__setattr__(self, "layers", tuple(sorted(set(layers))))
+
+    def _check_quantize(self) -> None:
+        if self.quantize is not None and self.quantize not in STORED_SCHEMES:
+            raise ValueError(
+                f"quantize must be one of {', '.join(STORED_SCHEMES)} (the schemes a checkpoint stores and "
+                f"runs packed), got {self.quantize!r}; svdmlp eval --quantize scores any intB[gG][-asym]"
+            )
+        correction = self.correction_keep
+        if (
+            isinstance(correction, bool)
+            or not isinstance(correction, (int, float))
+            or not 0 <= correction < 1
+        ):
+            raise ValueError(f"the correction's keep must be in [0, 1), got {correction!r}")
+        if correction and self.quantize is None:
+            raise ValueError("a correction (correction_keep) corrects quantized weights: give quantize too")
+        if self.quantize is not None and self.factor_bits != 16:
+            raise ValueError("quantize stores the dense weights quantized; factor_bits is for factors")
 
     @property
     def heals_closed_form(self) -> bool:
@@ -357,6 +387,8 @@ class CompressConfig:
         data = asdict(self)
         data["targets"] = list(self.targets)
         data["layers"] = None if self.layers is None else list(self.layers)
+        if self.quantize is None:  # written only when set: the records of factorised models are as before
+            del data["quantize"], data["correction_keep"]
         return {"format_version": FORMAT_VERSION, **data}
 
     @classmethod

@@ -301,9 +301,16 @@ class QuantizedMatrix(nn.Module):
     def of(cls, matrix: torch.Tensor, how: Scheme, hessian: torch.Tensor | None = None) -> QuantizedMatrix:
         """``matrix (K, N)`` quantized along its K inputs: each entry rounded to nearest, or, given the
         Gram ``hessian (K, K)`` of the inputs it multiplies, rounded together by :func:`gptq`."""
-        k, n = matrix.shape
-        quantized = cls(k, n, how, device=matrix.device)
         q, scales = quantize(matrix.T, how) if hessian is None else gptq(matrix.T, hessian, how)
+        return cls.rounded(q, scales, how, matrix.shape[0])
+
+    @classmethod
+    @torch.no_grad()
+    def rounded(cls, q: torch.Tensor, scales: torch.Tensor, how: Scheme, in_features: int) -> QuantizedMatrix:
+        """The matrix of integers and scales already rounded (:func:`quantize`'s or :func:`gptq`'s form,
+        ``(N, groups, group)`` and ``(N, groups, 1)``) of ``in_features`` inputs, packed."""
+        k, n = in_features, q.shape[0]
+        quantized = cls(k, n, how, device=q.device)
         q = q.reshape(n, -1)[:, :k]
         quantized.values.copy_(q if how.bits == 8 else pack_int4(F.pad(q, (0, k % 2))))
         quantized.scales.copy_(scales.reshape(n, -1).view(torch.int16))

@@ -54,13 +54,41 @@ class QuantizedLinear(nn.Module):
         """``linear``'s weight quantized by ``how`` (rounded to nearest, or by GPTQ given the Gram
         ``hessian`` of its inputs), with ``correction`` (``v (out, r)``, ``u (r, in)``) if given, its
         factors in ``dtype`` (default: the weight's)."""
+        return cls._around(
+            linear, QuantizedMatrix.of(linear.weight.detach().T, how, hessian), correction, dtype
+        )
+
+    @classmethod
+    @torch.no_grad()
+    def rounded(
+        cls,
+        linear: nn.Linear,
+        how: Scheme,
+        q: torch.Tensor,
+        scales: torch.Tensor,
+        correction: Factors | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> QuantizedLinear:
+        """``linear`` stored as integers ``q`` and ``scales`` already rounded by ``how``
+        (:func:`svdmlp.int_weights.gptq`'s form), with ``correction`` as in :meth:`of`."""
+        return cls._around(
+            linear, QuantizedMatrix.rounded(q, scales, how, linear.in_features), correction, dtype
+        )
+
+    @classmethod
+    def _around(
+        cls,
+        linear: nn.Linear,
+        quantized: QuantizedMatrix,
+        correction: Factors | None,
+        dtype: torch.dtype | None,
+    ) -> QuantizedLinear:
         if linear.bias is not None:
             raise ValueError("a quantized projection stands in for a bias-free linear layer only")
-        weight = linear.weight
-        dtype = dtype or weight.dtype
-        rank = 0 if correction is None else correction.u.shape[0]
-        module = cls(linear.in_features, linear.out_features, how, rank, dtype, "meta")
-        module.quantized = QuantizedMatrix.of(weight.detach().T, how, hessian)
+        dtype = dtype or linear.weight.dtype
+        rank = 0 if correction is None else correction.rank
+        module = cls(linear.in_features, linear.out_features, quantized.scheme, rank, dtype, "meta")
+        module.quantized = quantized
         if rank:
             module.u_t = nn.Parameter(correction.u.T.to(dtype).contiguous(), requires_grad=False)
             module.v_t = nn.Parameter(correction.v.T.to(dtype).contiguous(), requires_grad=False)

@@ -319,3 +319,93 @@ def test_factor_bits_store_the_factors_quantized_and_eval_counts_their_bytes(com
     with pytest.raises(SystemExit):
         run_cli(capsys, "compress", model_dir, "--factor-bits", "5", "--out", tmp_path / "x")
     assert "invalid choice: 5 (choose from 16, 8, 4)" in capsys.readouterr().err
+
+
+def test_quantize_stores_the_weights_with_their_corrections_and_loads_them_as_rounded(
+    compressed, tmp_path, capsys
+):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from svdmlp import models
+    from svdmlp.compression.quantized_dense import quantize_dense_mlps
+    from svdmlp.config import CalibrationSpec, CompressConfig
+    from svdmlp.quantized_linear import QuantizedLinear
+
+    model_dir, text, _ = compressed
+    out_dir = tmp_path / "out"
+    calib = ["--calib", text, "--calib-samples", "4", "--calib-seq-len", "32", "--align", "8"]
+    argv = ["compress", model_dir, "--quantize", "int4", "--correction-keep", "0.5", *calib]
+    code, out, err = run_cli(capsys, *argv, "--save-dtype", "float32", "--out", out_dir)
+    assert code == 0, err
+    assert "left at this pace" not in err and "svdmlp: quantization done at " in err
+    lines = out.splitlines()
+    # hidden 64, inter 96: the correction's rank round(0.5·64·96 / (160·8))·8 = 16, keep 16·160/6144
+    assert lines[2].split()[:5] == ["0", "quantized,", "corrected", "16/16/16", "0.417/0.417/0.417"]
+    assert "MLP weights stored int4 by GPTQ on the calibration windows and a correction keeping 0.5" in out
+    metadata = checkpoint.read_metadata(out_dir)
+    assert metadata["config"]["quantize"] == "int4" and metadata["config"]["correction_keep"] == 0.5
+    manifest = json.loads((out_dir / "config.json").read_text())["quantization_config"]
+    assert manifest["weights"] == "int4" and manifest["format_version"] == 5
+    assert manifest["layers"] == {
+        "0": {"gate": 16, "up": 16, "down": 16},
+        "1": {"gate": 16, "up": 16, "down": 16},
+    }
+
+    # The same rounding as fake quantization of the dense model on the same windows: the same logits
+    dense, tokenizer, _ = models.load_dense(str(model_dir))
+    config = CompressConfig(keep=1.0, align=8, calibration=CalibrationSpec(str(text), 4, 32), sequential=True)
+    quantize_dense_mlps(dense, tokenizer, "int4", config, progress=False, correction_keep=0.5)
+    loaded, _ = checkpoint.load(out_dir)
+    assert isinstance(loaded.model.layers[1].mlp.down_proj, QuantizedLinear)
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    with torch.no_grad():
+        expected, got = dense(ids).logits, loaded(ids).logits
+        through_transformers = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)(ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(through_transformers, got, rtol=0, atol=0)
+
+    evaluate = ["--text", text, "--seq-len", "16", "--max-windows", "2", "--no-baseline"]
+    code, out, _ = run_cli(capsys, "eval", out_dir, *evaluate, "--json", "-")
+    assert code == 0
+    (row,) = json.loads(out)["rows"]
+    assert row["kind"] == "compressed (MLP int4 GPTQ + correction 0.5)"
+    # 2 layers × 3 weights of 64·96 int4 values, one fp16 scale per row of each (128 inputs a group),
+    # and the corrections' 2 × 3 × 16·160 parameters in bf16
+    scales = 2 * 2 * (96 + 96 + 64)
+    assert row["quantization"]["mlp_bytes"] == 2 * 3 * 64 * 96 // 2 + scales + 2 * 2 * 3 * 16 * 160
+    assert_cli_error(
+        capsys,
+        "eval",
+        ["eval", out_dir, *evaluate, "--quantize", "int8"],
+        "already stores its MLP weights int4",
+    )
+    code, out, _ = run_cli(capsys, "info", out_dir)
+    assert code == 0 and "quantized, corrected" in out
+
+    # Tampered like any checkpoint: refused before anything loads
+    weights = next(out_dir.glob("model-00001-*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="changed since it was saved|does not match|SHA-256"):
+        checkpoint.load(out_dir)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--quantize", "int4", "--keep", "0.5"],
+            "--quantize stores every MLP weight quantized, nothing factorised: --keep do not apply",
+        ),
+        (["--quantize", "int8", "--factor-bits", "4"], "--factor-bits do not apply"),
+        (["--correction-keep", "0.1"], "--correction-keep corrects quantized weights: give --quantize"),
+        (["--quantize", "int4", "--correction-keep", "1"], "the correction's keep must be in [0, 1)"),
+    ],
+)
+def test_quantize_refuses_what_does_not_apply(compressed, tmp_path, capsys, flags, message):
+    model_dir, _, _ = compressed
+    assert_cli_error(capsys, "compress", ["compress", model_dir, *flags, "--out", tmp_path / "x"], message)
+    assert not (tmp_path / "x").exists()

@@ -61,7 +61,11 @@ GOOD = QuantSpec(layers={1: {"gate": 32, "up": 32, "down": 24}}, align=8, factor
     "change, message",
     [
         ({"quant_method": "gptq"}, "not an svdmlp quantization_config"),
-        ({"format_version": 5}, "format_version 5; this svdmlp reads 4"),
+        ({"format_version": 6}, "format_version 6; this svdmlp reads 4 or 5"),
+        ({"format_version": 5}, "weights must be one of .* in format_version 5 and absent before"),
+        ({"weights": "int4"}, "weights must be one of .* in format_version 5 and absent before"),
+        ({"format_version": 5, "weights": "int3"}, "weights must be one of"),
+        ({"format_version": 5, "weights": "int4", "factor_bits": 4}, "quantized weights have no factor_bits"),
         ({"format_version": "4"}, "format_version '4'"),
         ({"factor_bits": 3}, "factor_bits must be one of"),
         ({"factor_bits": True}, "factor_bits must be one of"),
@@ -76,6 +80,20 @@ GOOD = QuantSpec(layers={1: {"gate": 32, "up": 32, "down": 24}}, align=8, factor
 def test_what_cannot_be_built_is_refused(change, message):
     with pytest.raises(ValueError, match=message):
         parse({**GOOD, **change})
+
+
+def test_quantized_weights_round_trip_and_vllm_refuses_them():
+    report = {
+        "layers": [
+            {"index": 0, "status": "quantized", "projections": [{"name": "gate", "rank": 16}]},
+            {"index": 1, "status": "quantized", "projections": []},
+        ]
+    }
+    spec = quant_config.of_checkpoint(report, {"align": 16, "factor_bits": 16, "quantize": "int4"})
+    assert spec == QuantSpec(layers={0: {"gate": 16}}, align=16, factor_bits=16, version=5, weights="int4")
+    assert parse(json.loads(json.dumps(spec.to_dict()))) == spec
+    with pytest.raises(ValueError, match="stores its MLP weights quantized .int4.*vLLM does not serve"):
+        spec.require_whole_mlps()
 
 
 def test_not_a_dict_is_refused():

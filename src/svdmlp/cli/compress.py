@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 
 from svdmlp.cli import options
-from svdmlp.config import EFFORTS, FACTOR_BITS, HEALS, METHODS, CalibrationSpec, CompressConfig
+from svdmlp.config import (
+    EFFORTS,
+    FACTOR_BITS,
+    HEALS,
+    METHODS,
+    STORED_SCHEMES,
+    CalibrationSpec,
+    CompressConfig,
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -14,7 +22,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--keep",
         type=options.keep_fraction,
-        default=0.8,
+        default=None,
         help="fraction of MLP parameters kept, in [0.01, 1] (default 0.8)",
     )
     p.add_argument(
@@ -76,6 +84,23 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "factors run on the PyTorch backend (int8: torch's int8 weight-only kernel on CPU)",
     )
     p.add_argument(
+        "--quantize",
+        choices=STORED_SCHEMES,
+        default=None,
+        help="instead of factorising, store every MLP weight quantized: int8 (one scale per output "
+        "channel) or int4 (one per 128 inputs), rounded by GPTQ on the calibration windows layer by "
+        "layer; run by torch's weight-only kernels on CPU in bf16 and svdmlp's Triton kernel at decode",
+    )
+    p.add_argument(
+        "--correction-keep",
+        type=options.keep_fraction,
+        default=None,
+        metavar="F",
+        help="with --quantize: beside each weight a low-rank correction of its rounding error keeping "
+        "this fraction of its parameters (the rank rule of --keep, aligned to --align), stored in "
+        "--save-dtype (default: none)",
+    )
+    p.add_argument(
         "--save-dtype",
         choices=options.DTYPES,
         default="bfloat16",
@@ -108,23 +133,58 @@ def config(args: argparse.Namespace, inter: int) -> CompressConfig:
     """The config of the flags given, every other recipe option and budget from ``--effort``
     (:meth:`CompressConfig.preset`; the calibration windows also from the MLP's width ``inter``)."""
     effort = EFFORTS[args.effort]
+    calibration = CalibrationSpec(
+        args.calib, options.calibration_windows(args, effort, inter), args.calib_seq_len
+    )
+    if args.quantize is not None:
+        return _quantize_config(args, calibration)
+    if args.correction_keep is not None:
+        raise ValueError("--correction-keep corrects quantized weights: give --quantize int4 (or int8) too")
     chosen = {"method": args.method, "heal": args.heal, "sequential": args.sequential}
     if args.allocate is not None:
         chosen["allocation"] = "budget" if args.allocate else "uniform"
     steps = effort.heal_steps if args.heal_steps is None else args.heal_steps
     return CompressConfig.preset(
         args.effort,
-        keep=args.keep,
+        keep=0.8 if args.keep is None else args.keep,
         align=args.align,
-        calibration=CalibrationSpec(
-            args.calib, options.calibration_windows(args, effort, inter), args.calib_seq_len
-        ),
+        calibration=calibration,
         seed=args.seed,
         targets=args.targets,
         layers=args.layers,
         lora=options.lora_spec(args, steps),
         factor_bits=args.factor_bits,
         **{name: value for name, value in chosen.items() if value is not None},
+    )
+
+
+def _quantize_config(args: argparse.Namespace, calibration: CalibrationSpec) -> CompressConfig:
+    """``--quantize``: the weights rounded layer by layer on the calibration windows, nothing factorised,
+    so the flags of the factorisation's recipe are refused rather than ignored."""
+    recipe = {
+        "--keep": args.keep,
+        "--method": args.method,
+        "--allocate": args.allocate,
+        "--sequential": args.sequential,
+        "--heal": args.heal,
+        "--heal-steps": args.heal_steps,
+        "--targets": None if tuple(args.targets) == ("gate", "up", "down") else args.targets,
+        "--layers": args.layers,
+    }
+    given = [flag for flag, value in recipe.items() if value is not None]
+    if given or args.factor_bits != 16:
+        flags = ", ".join(given + ["--factor-bits"] * (args.factor_bits != 16))
+        raise ValueError(
+            f"--quantize stores every MLP weight quantized, nothing factorised: {flags} do not apply"
+        )
+    return CompressConfig(
+        keep=1.0,
+        align=args.align,
+        calibration=calibration,
+        seed=args.seed,
+        sequential=True,
+        quantize=args.quantize,
+        correction_keep=args.correction_keep or 0.0,
     )
 
 

@@ -125,7 +125,12 @@ def run(args: argparse.Namespace) -> options.Outcome:
         calibration = report.calibration
         label = f"{config['method']} keep {config['keep']}"
         quantized = {}
-        if report.quantization:
+        stored = "factors"
+        if config.get("quantize"):  # the weights stored quantized (compress --quantize), nothing factorised
+            stored, correction = "MLP weights", config.get("correction_keep")
+            label = f"MLP {config['quantize']} GPTQ" + (f" + correction {correction:g}" if correction else "")
+            quantized = {"quantization": report.stored_quantization}
+        elif report.quantization:
             quantized = {"quantization": report.stored_quantization}
             label += f", factors {report.quantization['scheme']}"
         if args.gptq:
@@ -136,7 +141,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
         if args.quantize:
             if report.quantization:
                 raise ValueError(
-                    f"{args.target} already stores its factors {report.quantization['scheme']}; "
+                    f"{args.target} already stores its {stored} {report.quantization['scheme']}; "
                     "--quantize applies to floating-point weights"
                 )
             from svdmlp.quantize import quantize_mlp

@@ -288,6 +288,10 @@ def predict(
         "factorisation": factorisation.cost(s),
         "healing": healing.cost(s, resident_healing) if config.needs_calibration else None,
     }
+    if config.quantize is not None:
+        # Weights stored quantized (--quantize): one sequential walk, GPTQ (and the correction's SVD) in
+        # place of the factorisation's SVD; predicted as that walk, not modelled apart.
+        costs = {"quantization": factorisation.cost(s)}
     costs = {step: cost for step, cost in costs.items() if cost is not None}
     memory = {step: cost[0] for step, cost in costs.items()}
     seconds = {step: cost[1] for step, cost in costs.items()}

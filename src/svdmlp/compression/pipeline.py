@@ -23,8 +23,9 @@ from collections.abc import Callable
 
 import torch.nn as nn
 
-from svdmlp import lazy
-from svdmlp.compression.calibration import Calibration
+from svdmlp import arch, lazy
+from svdmlp.compression import quantized_dense
+from svdmlp.compression.calibration import Calibration, source_weights
 from svdmlp.compression.clock import StepClock
 from svdmlp.compression.heal import distill
 from svdmlp.compression.journal import Journal, resumable
@@ -74,6 +75,8 @@ def compress(
     if journal is not None and (not resumable(config) or lazy.of(model) is None):
         raise ValueError("a journal is for a model on disk and a plan that can continue (journal.resumable)")
     clock = journal.clock if journal is not None else clock or StepClock()
+    if config.quantize is not None:
+        return _store_quantized(model, tokenizer, config, progress, on_step, clock)
     clock.switch("calibration")  # the checks and the windows' drawing count with it
     run = Run(model, tokenizer, config, calibration_text, progress, resident_healing, clock, on_step)
     before = count_parameters(model, run.mlp_names)
@@ -140,4 +143,34 @@ def compress(
         healing=run.healing,
         allocation=run.allocation,
         quantization=run.quantization,
+    )
+
+
+def _store_quantized(model, tokenizer, config, progress, on_step, clock: StepClock) -> CompressionReport:
+    """``config.quantize``: every MLP weight stored quantized (with its correction), nothing factorised
+    (:func:`~svdmlp.compression.quantized_dense.store_quantized_mlps`). The parameters after count the
+    corrections' on top of the weights'; the bytes are in the report's quantization."""
+    spec = arch.of_model(model)
+    names = [arch.mlp_name(spec, i) for i in range(len(arch.decoder_layers(model, spec)))]
+    before = count_parameters(model, names)
+    clock.switch("quantization")
+    layers, quantization = quantized_dense.store_quantized_mlps(model, tokenizer, config, progress)
+    clock.switch(None)
+    if on_step is not None:
+        on_step("quantization")
+    extra = quantization.get("correction_params", 0)
+    timings = clock.totals()
+    return CompressionReport(
+        layers=layers,
+        params_before=before,
+        params_after={"total": before["total"] + extra, "mlp": before["mlp"] + extra},
+        seconds=sum(timings.values()),
+        timings=timings,
+        calibration={
+            "sources": source_weights(config, None),
+            "tokens": quantization.pop("calibration_tokens"),
+            "sha256": quantization.pop("calibration_sha256"),
+            "sequential": True,
+        },
+        quantization=quantization,
     )

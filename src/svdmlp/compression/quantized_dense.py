@@ -1,14 +1,20 @@
-"""A dense model's MLP weights rounded by GPTQ on calibration windows, in place, for evaluation: the
-calibrated baseline that compression is compared with (:mod:`svdmlp.quantize` rounds to nearest).
+"""A dense model's MLP weights rounded by GPTQ on calibration windows, in place: the calibrated baseline
+that compression is compared with (:mod:`svdmlp.quantize` rounds to nearest), and with a low-rank
+correction of each weight's rounding error beside it (:mod:`svdmlp.compression.correction`), what
+``svdmlp compress --quantize`` stores.
 
-Fake quantization, as there: each weight is replaced by the value its integers stand for, which is what
-an int8/int4 kernel would multiply by; the bytes counted are the packed ones. Layers go one at a time,
-each on the hidden states of the layers before it as already rounded (:func:`sequential.calibrated_layers`):
-gate and up with the Gram of the MLP's input, down with the Gram of its own input. A model on disk has
-each layer written back once rounded.
+For evaluation (:func:`quantize_dense_mlps`) the quantization is fake: each weight is replaced by the value
+its integers stand for, which is what an int8/int4 kernel would multiply by; the bytes counted are the
+packed ones. For a checkpoint (:func:`store_quantized_mlps`) each projection becomes a
+:class:`~svdmlp.quantized_linear.QuantizedLinear` holding the packed integers. Either way layers go one
+at a time, each on the hidden states of the layers before it as already rounded
+(:func:`sequential.calibrated_layers`): gate and up with the Gram of the MLP's input, down with the Gram
+of its own input. A model on disk has each layer written back once rounded.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -17,9 +23,51 @@ from svdmlp import arch, lazy
 from svdmlp.compression import sequential
 from svdmlp.compression.calibration import config_windows, tokens_hash
 from svdmlp.compression.correction import CORRECTION_ROUNDS, corrected
+from svdmlp.compression.report import LayerRecord, ProjectionRecord
 from svdmlp.config import CompressConfig
-from svdmlp.int_weights import FakeQuantization, gptq, scheme
+from svdmlp.decompose import Factors
+from svdmlp.int_weights import FakeQuantization, Scheme, dequantize, gptq, scheme
+from svdmlp.quantized_linear import QuantizedLinear
 from svdmlp.ranks import rank_for_keep
+
+# What each rounded projection is handed to: (layer index, its MLP, projection name, the dense linear,
+# the integers and scales of int_weights.quantize's form, the correction or None, the input Gram).
+Place = Callable[
+    [int, nn.Module, str, nn.Linear, torch.Tensor, torch.Tensor, Factors | None, torch.Tensor], None
+]
+
+
+@torch.no_grad()
+def _round_mlps(
+    model: nn.Module,
+    tokenizer,
+    how: Scheme,
+    config: CompressConfig,
+    correction_keep: float,
+    rounds: int,
+    progress: bool,
+    place: Place,
+) -> dict:
+    """Round every MLP projection of ``model`` by GPTQ layer by layer, each with its correction when
+    ``correction_keep`` > 0, and hand each to ``place``; the calibration tokens used (count, SHA-256)."""
+    spec = arch.of_model(model)
+    windows = config_windows(tokenizer, config, None, bos=arch.bos_token_id(spec, tokenizer))
+    layers = arch.decoder_layers(model, spec)
+    walk = sequential.calibrated_layers(model, spec, windows, list(range(len(layers))), progress=progress)
+    for index, grams, _ in walk:
+        mlp = getattr(layers[index], spec.mlp)
+        for projection in arch.PROJECTIONS:
+            linear = getattr(mlp, spec.projection(projection))
+            weight, gram = linear.weight, grams.input_gram(projection)
+            if not correction_keep:
+                place(index, mlp, projection, linear, *gptq(weight.float(), gram, how), None, gram)
+                continue
+            rank = rank_for_keep(weight.shape[1], weight.shape[0], correction_keep, config.align)
+            fixed = corrected(weight, gram, grams.whitening(projection), how, rank, rounds)
+            place(index, mlp, projection, linear, fixed.q, fixed.scales, fixed.correction, gram)
+        lazy.store(model, layers[index])  # held by the walk, which runs it on as rounded
+        del grams  # before the walk makes the next layer's
+    return {"calibration_tokens": windows.numel(), "calibration_sha256": tokens_hash(windows)}
 
 
 @torch.no_grad()
@@ -33,33 +81,77 @@ def quantize_dense_mlps(
     rounds: int = CORRECTION_ROUNDS,
 ) -> dict:
     """Round every MLP weight of the dense ``model`` by GPTQ (scheme ``name``) on the calibration windows
-    ``config`` names (default: what ``svdmlp compress`` draws with no flag); what it cost, as
-    :func:`svdmlp.quantize.quantize_mlp` reports it, and the calibration tokens used (count, SHA-256).
+    ``config`` names (default: what ``svdmlp compress`` draws with no flag), as fake quantization; what it
+    cost, as :func:`svdmlp.quantize.quantize_mlp` reports it, and the calibration tokens used.
 
     With ``correction_keep`` > 0, each weight keeps a low-rank correction of its rounding error
     (:mod:`svdmlp.compression.correction`) of the rank that keeps that fraction of its parameters (the
     rank rule of ``--keep``, aligned to ``config.align``), counted in bf16 in the MLP's bytes; quantization
     and correction solved in turn ``rounds`` times."""
     how = scheme(name)
-    config = config or CompressConfig()
-    spec = arch.of_model(model)
-    windows = config_windows(tokenizer, config, None, bos=arch.bos_token_id(spec, tokenizer))
-    layers = arch.decoder_layers(model, spec)
     tally = FakeQuantization(how)
-    walk = sequential.calibrated_layers(model, spec, windows, list(range(len(layers))), progress=progress)
-    for index, grams, _ in walk:
-        mlp = getattr(layers[index], spec.mlp)
-        for projection in arch.PROJECTIONS:
-            weight = getattr(mlp, spec.projection(projection)).weight
-            gram = grams.input_gram(projection)
-            if not correction_keep:
-                tally.replace(weight, *gptq(weight.float(), gram, how))
-                continue
-            rank = rank_for_keep(weight.shape[1], weight.shape[0], correction_keep, config.align)
-            fixed = corrected(weight, gram, grams.whitening(projection), how, rank, rounds)
-            tally.replace(weight, fixed.q, fixed.scales, (fixed.correction.v, fixed.correction.u))
-        lazy.store(model, layers[index])  # held by the walk, which runs it on as rounded
-        del grams  # before the walk makes the next layer's
-    digest = {"calibration_tokens": windows.numel(), "calibration_sha256": tokens_hash(windows)}
+
+    def place(index, mlp, projection, linear, q, scales, correction, gram) -> None:
+        tally.replace(linear.weight, q, scales, None if correction is None else (correction.v, correction.u))
+
+    digest = _round_mlps(
+        model, tokenizer, how, config or CompressConfig(), correction_keep, rounds, progress, place
+    )
     correction = {"correction_keep": correction_keep, "correction_rounds": rounds} if correction_keep else {}
     return {**tally.report(), "method": "gptq", **correction, **digest}
+
+
+@torch.no_grad()
+def store_quantized_mlps(
+    model: nn.Module,
+    tokenizer,
+    config: CompressConfig,
+    progress: bool = True,
+    rounds: int = CORRECTION_ROUNDS,
+) -> tuple[list[LayerRecord], dict]:
+    """Replace every MLP projection of the dense ``model`` by a :class:`QuantizedLinear` of its weight,
+    rounded by GPTQ (``config.quantize``) with the correction ``config.correction_keep`` asks for, its
+    factors in the weight's dtype until saved. Returns each layer's record (the corrections' ranks, keeps
+    and output errors ``‖(W − Q − V·U)·Xᵀ‖ / ‖W·Xᵀ‖`` on the calibration inputs) and the quantization's
+    (as :func:`quantize_dense_mlps` reports it)."""
+    how = scheme(config.quantize)
+    tally = FakeQuantization(how)  # counts the bytes and errors; the model gets the packed form
+    projections: dict[int, list[ProjectionRecord]] = {}
+    spec = arch.of_model(model)
+
+    def place(index, mlp, projection, linear, q, scales, correction, gram) -> None:
+        weight = linear.weight.float()
+        rounded = dequantize(q, scales, tuple(weight.shape))
+        value = rounded if correction is None else rounded + correction.v @ correction.u
+        error = _output_error(weight, value, gram)
+        tally.replace(weight.clone(), q, scales, None if correction is None else (correction.v, correction.u))
+        module = QuantizedLinear.rounded(linear, how, q, scales, correction)
+        setattr(mlp, spec.projection(projection), module)
+        if correction is not None:
+            n_out, n_in = weight.shape
+            keep = correction.rank * (n_in + n_out) / (n_in * n_out)
+            record = ProjectionRecord(projection, n_in, n_out, correction.rank, keep, error)
+            projections.setdefault(index, []).append(record)
+
+    digest = _round_mlps(model, tokenizer, how, config, config.correction_keep, rounds, progress, place)
+    layers = [
+        LayerRecord(
+            index, arch.mlp_name(spec, index), "quantized", projections=tuple(projections.get(index, ()))
+        )
+        for index in range(len(arch.decoder_layers(model, spec)))
+    ]
+    correction = (
+        {"correction_keep": config.correction_keep, "correction_rounds": rounds}
+        if config.correction_keep
+        else {}
+    )
+    return layers, {**tally.report(), "method": "gptq", **correction, **digest}
+
+
+def _output_error(weight: torch.Tensor, value: torch.Tensor, gram: torch.Tensor) -> float:
+    """``‖(W − value)·Xᵀ‖ / ‖W·Xᵀ‖`` from the Gram ``XᵀX`` of the inputs."""
+    gram = gram.double()
+    error = (weight - value).double()
+    squared = torch.einsum("ij,jk,ik->", error, gram, error)
+    reference = torch.einsum("ij,jk,ik->", weight.double(), gram, weight.double())
+    return float((squared.clamp_min(0) / reference.clamp_min(1e-300)).sqrt())

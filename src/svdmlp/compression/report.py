@@ -92,6 +92,8 @@ class CompressionReport:
         their scales, the layers the allocation left dense in bf16; empty with floating-point factors."""
         if not self.quantization:
             return {}
+        if "factor_params" not in self.quantization:  # the dense weights stored quantized: counted so
+            return dict(self.quantization)
         dense = self.params_after["mlp"] - self.quantization["factor_params"]
         return {**self.quantization, "mlp_bytes": self.quantization["factor_bytes"] + 2 * dense}
 
@@ -156,13 +158,14 @@ def layer_table(report: CompressionReport) -> str:
     allocated = {layer["index"]: layer for layer in report.allocation.get("layers", [])}
     rows = []
     for layer in report.layers:
-        if layer.status != "compressed":
-            rows.append([layer.index, f"skipped: {layer.reason}", "", "", ""] + [""] * bool(allocated))
+        if layer.status == "skipped" or not layer.projections:
+            status = f"skipped: {layer.reason}" if layer.status == "skipped" else layer.status
+            rows.append([layer.index, status, "", "", ""] + [""] * bool(allocated))
             continue
         projections = layer.projections
         row = [
             layer.index,
-            "compressed",
+            "compressed" if layer.status == "compressed" else "quantized, corrected",
             "/".join(str(p.rank) for p in projections),
             "/".join(f"{p.keep:.3f}" for p in projections),
             "/".join(f"{p.error:.3f}" for p in projections),
@@ -226,6 +229,18 @@ def quantization_line(report: CompressionReport) -> str:
     q = report.quantization
     if not q:
         return ""
+    if "factor_params" not in q:  # the dense weights stored quantized (--quantize)
+        correction = (
+            f" and a correction keeping {q['correction_keep']:g} of each weight ({q['correction_params']:,} "
+            "parameters in bf16)"
+            if q.get("correction_params")
+            else ""
+        )
+        return (
+            f"MLP weights stored {q['scheme']} by GPTQ on the calibration windows{correction}: "
+            f"{q['mlp_bytes_bf16'] / 1e6:.1f} MB in bf16 -> {q['mlp_bytes'] / 1e6:.1f} MB; largest "
+            f"relative weight error {q['max_rel_error']:.4f}"
+        )
     line = (
         f"factors stored {q['scheme']}: {2 * q['factor_params'] / 1e6:.1f} MB in bf16 -> "
         f"{q['factor_bytes'] / 1e6:.1f} MB"
@@ -241,6 +256,11 @@ def quantization_line(report: CompressionReport) -> str:
 
 def summary_line(report: CompressionReport) -> str:
     before, after = report.params_before, report.params_after
+    if report.quantization and "factor_params" not in report.quantization:
+        return (
+            f"MLP parameters {before['mlp']:,} -> {after['mlp']:,} with the corrections, stored in "
+            f"{report.quantization['mlp_bytes'] / 1e6:.1f} MB"
+        )
     return (
         f"MLP parameters {before['mlp']:,} -> {after['mlp']:,} (achieved keep {report.achieved_keep:.4f}); "
         f"model {before['total']:,} -> {after['total']:,} ({after['total'] / before['total']:.4f})"

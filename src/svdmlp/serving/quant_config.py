@@ -14,6 +14,14 @@ by :func:`parse`::
 dense (the allocation's choice). A layer with all three projections runs as one low-rank gated MLP; a
 layer with some (``--targets``) has those projections low-rank inside the original MLP.
 ``factor_bits`` 8 or 4 stores the factors quantized (:mod:`svdmlp.int_weights`).
+
+A checkpoint whose MLP weights are stored quantized instead (``svdmlp compress --quantize``, format 5)
+names their scheme in ``weights`` (``"int8"`` or ``"int4"``): every MLP projection of every layer is
+quantized, and ``layers`` holds the ranks of the low-rank corrections beside them (a layer or projection
+it leaves out has none)::
+
+    {"quant_method": "svdmlp", "format_version": 5, "align": 16, "factor_bits": 16, "weights": "int4",
+     "layers": {"0": {"gate": 16, "up": 16, "down": 16}, ...}}
 """
 
 from __future__ import annotations
@@ -24,9 +32,11 @@ QUANT_METHOD = "svdmlp"
 # The checkpoint format that introduced this record (svdmlp.checkpoint.FORMAT_VERSION 4); a later,
 # incompatible record would raise this number, and readers refuse numbers they do not know.
 VERSION = 4
-READABLE_VERSIONS = (4,)
+QUANTIZED_VERSION = 5  # a record with ``weights``: older readers must refuse it, not build factors
+READABLE_VERSIONS = (4, 5)
 _PROJECTIONS = ("gate", "up", "down")  # arch.PROJECTIONS, repeated so this module imports nothing
 _FACTOR_BITS = (16, 8, 4)
+_WEIGHTS = ("int8", "int4")  # config.STORED_SCHEMES, repeated so this module imports nothing
 
 # transformers reads a config's ``transformers_weights`` as the name of the weights file to load and
 # refuses any name that is not a safetensors file, with the name in its message. An svdmlp checkpoint
@@ -44,6 +54,7 @@ class QuantSpec:
     align: int
     factor_bits: int
     version: int = VERSION
+    weights: str | None = None  # the MLP weights' scheme when stored quantized; layers: corrections
 
     def fully_compressed(self, index: int) -> bool:
         """Whether layer ``index``'s whole gated MLP is low-rank (not only some projections)."""
@@ -52,6 +63,11 @@ class QuantSpec:
     def require_whole_mlps(self) -> None:
         """A ValueError unless every compressed layer's MLP is low-rank whole: what vLLM can serve (its
         MLP is one merged gate/up layer and one down layer, each low-rank or dense as a whole)."""
+        if self.weights is not None:
+            raise ValueError(
+                f"the checkpoint stores its MLP weights quantized ({self.weights}, svdmlp compress "
+                "--quantize): vLLM does not serve that form yet; load it with svdmlp or transformers"
+            )
         partial = [index for index in self.layers if not self.fully_compressed(index)]
         if partial:
             raise ValueError(
@@ -65,18 +81,26 @@ class QuantSpec:
             "format_version": self.version,
             "align": self.align,
             "factor_bits": self.factor_bits,
+            **({"weights": self.weights} if self.weights is not None else {}),
             "layers": {str(index): dict(ranks) for index, ranks in sorted(self.layers.items())},
         }
 
 
 def of_checkpoint(report: dict, config: dict) -> QuantSpec:
     """The spec of a checkpoint from its compression report and config, as ``svdmlp.json`` holds them."""
+    weights = config.get("quantize")
     layers = {
         layer["index"]: {p["name"]: p["rank"] for p in layer["projections"]}
         for layer in report["layers"]
-        if layer["status"] == "compressed"
+        if layer["status"] in ("compressed", "quantized") and layer["projections"]
     }
-    return QuantSpec(layers=layers, align=config.get("align", 1), factor_bits=config.get("factor_bits", 16))
+    return QuantSpec(
+        layers=layers,
+        align=config.get("align", 1),
+        factor_bits=config.get("factor_bits", 16),
+        version=VERSION if weights is None else QUANTIZED_VERSION,
+        weights=weights,
+    )
 
 
 def parse(record) -> QuantSpec:
@@ -93,6 +117,14 @@ def parse(record) -> QuantSpec:
             f"reads {' or '.join(map(str, READABLE_VERSIONS))} (upgrade svdmlp for a newer checkpoint)"
         )
     bits, align, layers = record.get("factor_bits"), record.get("align"), record.get("layers")
+    weights = record.get("weights")
+    if (weights is not None) != (version == QUANTIZED_VERSION) or weights not in (None, *_WEIGHTS):
+        raise ValueError(
+            f"svdmlp quantization_config: weights must be one of {_WEIGHTS} in format_version "
+            f"{QUANTIZED_VERSION} and absent before, got {weights!r} in {version}"
+        )
+    if weights is not None and bits != 16:
+        raise ValueError("svdmlp quantization_config: quantized weights have no factor_bits but 16")
     if bits not in _FACTOR_BITS or type(bits) is not int:
         raise ValueError(
             f"svdmlp quantization_config: factor_bits must be one of {_FACTOR_BITS}, got {bits!r}"
@@ -116,4 +148,4 @@ def parse(record) -> QuantSpec:
                 f"positive integers, got {ranks!r:.200}"
             )
         parsed[int(key)] = {name: ranks[name] for name in _PROJECTIONS if name in ranks}
-    return QuantSpec(layers=parsed, align=align, factor_bits=bits, version=version)
+    return QuantSpec(layers=parsed, align=align, factor_bits=bits, version=version, weights=weights)

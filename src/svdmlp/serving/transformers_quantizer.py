@@ -34,6 +34,7 @@ class SvdmlpConfig(QuantizationConfigMixin):
         factor_bits: int = 16,
         format_version: int = quant_config.VERSION,
         quant_method: str = quant_config.QUANT_METHOD,
+        weights: str | None = None,
         **kwargs,
     ):
         self.quant_method = quant_method
@@ -41,6 +42,8 @@ class SvdmlpConfig(QuantizationConfigMixin):
         self.align = align
         self.factor_bits = factor_bits
         self.layers = {} if layers is None else layers
+        if weights is not None:  # only quantized-weight records carry it (format 5)
+            self.weights = weights
         self.spec = quant_config.parse(self.to_dict())
 
     def to_dict(self) -> dict:
@@ -64,11 +67,10 @@ class SvdmlpQuantizer(HfQuantizer):
         return config
 
     def _process_model_before_weight_loading(self, model, **kwargs):
-        from svdmlp import lowrank
-        from svdmlp.int_weights import factor_scheme
+        from svdmlp import skeleton
 
         dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
-        lowrank.install_skeleton(model, self.spec.layers, dtype, factor_scheme(self.spec.factor_bits))
+        skeleton.install(model, self.spec, dtype)
         return model
 
     def _process_model_after_weight_loading(self, model, **kwargs):
