@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from svdmlp.decompose import Factors
-from svdmlp.int_weights import QuantizedMatrix, scheme
+from svdmlp.int_weights import STORED, QuantizedMatrix, dequantize, quantize, scheme
 from svdmlp.quantized_linear import QuantizedLinear
 
 
@@ -19,7 +19,7 @@ def _reference(module: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-@pytest.mark.parametrize("name", ["int8", "int4"])
+@pytest.mark.parametrize("name", ["int8", "int4", "int4-asym"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rank", [0, 5])
 def test_the_product_is_the_stored_weight_plus_the_correction(name, dtype, rank):
@@ -35,6 +35,16 @@ def test_the_product_is_the_stored_weight_plus_the_correction(name, dtype, rank)
     torch.testing.assert_close(y.double(), _reference(module, x), rtol=tolerance, atol=tolerance)
     relative = (module.quantized.dequantized() - linear.weight).norm() / linear.weight.norm()
     assert relative < (0.01 if name == "int8" else 0.15)
+    if name == "int4-asym":  # the same integers and zero points as fake quantization
+        restored = dequantize(*quantize(linear.weight.detach(), scheme(name)), (40, 144))
+        torch.testing.assert_close(module.quantized.dequantized(), restored, rtol=0, atol=0)
+
+
+def test_the_stored_schemes_are_named_alike_everywhere():
+    from svdmlp.config import STORED_SCHEMES
+    from svdmlp.serving import quant_config
+
+    assert set(STORED_SCHEMES) == set(STORED) == set(quant_config._WEIGHTS)
 
 
 def test_its_bytes_are_the_packed_weight_and_the_correction():
@@ -43,6 +53,7 @@ def test_its_bytes_are_the_packed_weight_and_the_correction():
     module = QuantizedLinear.of(linear, scheme("int4"), correction=correction, dtype=torch.bfloat16)
     assert module.nbytes() == scheme("int4").nbytes(40, 144) + 2 * 8 * (144 + 40)
     assert QuantizedLinear.of(linear, scheme("int8")).nbytes() == scheme("int8").nbytes(40, 144)
+    assert QuantizedLinear.of(linear, scheme("int4-asym")).nbytes() == scheme("int4-asym").nbytes(40, 144)
 
 
 def test_a_biased_layer_and_an_unstored_scheme_are_refused():

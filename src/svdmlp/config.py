@@ -12,8 +12,9 @@ from svdmlp.ranks import check_keep
 # --factor-bits: the quantization scheme (svdmlp.int_weights) the factors are stored in; 16 keeps them
 # in the model's floating-point dtype.
 FACTOR_BITS = {16: None, 8: "int8", 4: "int4"}
-# What a checkpoint's quantized weights (``quantize``) are stored in: the factors' schemes.
-STORED_SCHEMES = tuple(name for name in FACTOR_BITS.values() if name is not None)
+# What a checkpoint's quantized weights (``quantize``) are stored in: svdmlp.int_weights.SCHEMES' names
+# (repeated here, where torch is not imported; a test keeps the two equal).
+STORED_SCHEMES = ("int8", "int4", "int4-asym")
 
 # The calibration windows hold about this many tokens per unit of the MLP's intermediate width. The
 # Grams being estimated are that wide, and an estimate's error falls with its samples per dimension:

@@ -64,7 +64,11 @@ class Scheme:
         return -(-rows * cols * self.bits // 8) + groups * SCALE_BYTES + zeros
 
 
-SCHEMES = {"int8": Scheme("int8", 8, None), "int4": Scheme("int4", 4, 128)}
+SCHEMES = {"int8": Scheme("int8", 8, None), "int4": Scheme("int4", 4, 128)}  # the packed kernels' own
+# What a QuantizedMatrix stores: those, and for dense weights (compress --quantize) int4 with zero points,
+# which torch's CPU int4 kernel takes as they are (svdmlp's Triton kernel does not: on CUDA it is
+# dequantized for each product).
+STORED = {**SCHEMES, "int4-asym": Scheme("int4-asym", 4, 128, zero_point=True)}
 
 
 def scheme(name: str) -> Scheme:
@@ -95,22 +99,30 @@ def factor_scheme(bits: int) -> Scheme | None:
     return None if name is None else SCHEMES[name]
 
 
-def quantize(weight: torch.Tensor, how: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(weight: torch.Tensor, how: Scheme, return_zeros: bool = False):
     """``(q, scales)`` of an ``(N, K)`` weight: integers in ``[-qmax, qmax]`` as int8 ``(N, groups,
     group)`` (the last group padded with zeros) and fp16 scales ``(N, groups, 1)``, with
     ``weight ≈ q · scale`` (error at most half a scale per weight). An asymmetric scheme's integers come
     with their zero point taken off (int16, ``q − zero`` in ``[−zero, 2^bits − 1 − zero]``), so that the
-    same product gives the value."""
+    same product gives the value. With ``return_zeros``, also the zero points ``(N, groups, 1)`` (all 0 for
+    a symmetric scheme), which only the stored form needs."""
     if weight.dim() != 2:
         raise ValueError(f"quantize needs a 2-D weight, got shape {tuple(weight.shape)}")
     if not runtime.all_finite(weight):
         raise ValueError("the weight holds NaN or infinite values; it cannot be quantized")
     groups = _grouped(weight.float(), how)
     scales, zeros = _grid(groups, how)
-    return _on_grid(groups, scales[..., None].float(), zeros[..., None], how), scales[..., None]
+    rounded = _on_grid(groups, scales[..., None].float(), zeros[..., None], how), scales[..., None]
+    return (*rounded, zeros[..., None]) if return_zeros else rounded
 
 
-def gptq(weight: torch.Tensor, hessian: torch.Tensor, how: Scheme, damping: float = 0.01):
+def gptq(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    how: Scheme,
+    damping: float = 0.01,
+    return_zeros: bool = False,
+):
     """``(q, scales)`` of an ``(N, K)`` weight rounded to minimise ``tr(E H Eᵀ)``, ``E`` the rounding
     error and ``H (K, K)`` the Gram of the inputs it multiplies, rather than each entry's own error.
 
@@ -119,7 +131,7 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, how: Scheme, damping: floa
     up for it. Scales are absmax ones as in :func:`quantize`, of the row (int8) or of each group of 128
     (int4) as the error updates have left it when the group's turn comes. ``damping`` times the mean
     diagonal is added to ``H`` (as GPTQ does) so that it can be inverted. Returns ``(q, scales)`` in
-    :func:`quantize`'s form.
+    :func:`quantize`'s form (with ``return_zeros``, and the zero points, as there).
     """
     if weight.dim() != 2 or hessian.shape != (weight.shape[1], weight.shape[1]):
         raise ValueError(
@@ -156,7 +168,8 @@ def gptq(weight: torch.Tensor, hessian: torch.Tensor, how: Scheme, damping: floa
             part[:, j:] -= errors[:, j : j + 1] * tail[j : j + 1, j:]
         w[:, end:] -= errors @ inverse[start:end, end:]
     group = cols if how.group is None else how.group
-    return F.pad(q, (0, -cols % group)).reshape(rows, -1, group), scales[..., None]
+    rounded = F.pad(q, (0, -cols % group)).reshape(rows, -1, group), scales[..., None]
+    return (*rounded, zeros[..., None]) if return_zeros else rounded
 
 
 def _grid(values: torch.Tensor, how: Scheme) -> tuple[torch.Tensor, torch.Tensor]:
@@ -280,37 +293,55 @@ class QuantizedMatrix(nn.Module):
     Stored as kernels read it, ``(N, K)`` (the transpose of the low-rank modules' float layout: CPU int8
     kernels want it so): ``values`` int8 ``(N, K)`` or, for 4 bits, uint8 ``(N, ⌈K/2⌉)`` two per byte;
     ``scales`` ``(N, groups)``, the bits of their fp16 values held as int16, so that ``model.to(dtype)``
-    (which casts every floating-point tensor) never rounds them to bf16.
+    (which casts every floating-point tensor) never rounds them to bf16. An asymmetric scheme stores each
+    value as its level less ``2^(bits−1)`` (so that it packs as a symmetric one) and ``zeros``, each
+    group's zero point less the same, packed like the values: the weight is ``(value − zero) · scale``.
     """
 
     def __init__(self, in_features: int, out_features: int, how: Scheme, device=None):
         super().__init__()
-        if how not in SCHEMES.values():
+        if how not in STORED.values():
             raise ValueError(
                 f"{how.name} is evaluated by fake quantization only; stored and run quantized are "
-                f"{' and '.join(SCHEMES)} (symmetric, the packed kernels' own)"
+                f"{', '.join(STORED)}"
             )
         self.in_features, self.out_features, self.scheme = in_features, out_features, how
         width, dtype = (in_features, torch.int8) if how.bits == 8 else (-(-in_features // 2), torch.uint8)
         self.register_buffer("values", torch.empty(out_features, width, dtype=dtype, device=device))
         groups = how.groups(in_features)
         self.register_buffer("scales", torch.empty(out_features, groups, dtype=torch.int16, device=device))
+        if how.zero_point:
+            self.register_buffer(
+                "zeros", torch.empty(out_features, -(-groups // 2), dtype=torch.uint8, device=device)
+            )
 
     @classmethod
     @torch.no_grad()
     def of(cls, matrix: torch.Tensor, how: Scheme, hessian: torch.Tensor | None = None) -> QuantizedMatrix:
         """``matrix (K, N)`` quantized along its K inputs: each entry rounded to nearest, or, given the
         Gram ``hessian (K, K)`` of the inputs it multiplies, rounded together by :func:`gptq`."""
-        q, scales = quantize(matrix.T, how) if hessian is None else gptq(matrix.T, hessian, how)
-        return cls.rounded(q, scales, how, matrix.shape[0])
+        rounded = (
+            quantize(matrix.T, how, True)
+            if hessian is None
+            else gptq(matrix.T, hessian, how, return_zeros=True)
+        )
+        return cls.rounded(*rounded, how, matrix.shape[0])
 
     @classmethod
     @torch.no_grad()
-    def rounded(cls, q: torch.Tensor, scales: torch.Tensor, how: Scheme, in_features: int) -> QuantizedMatrix:
-        """The matrix of integers and scales already rounded (:func:`quantize`'s or :func:`gptq`'s form,
-        ``(N, groups, group)`` and ``(N, groups, 1)``) of ``in_features`` inputs, packed."""
+    def rounded(
+        cls, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None, how: Scheme, in_features: int
+    ) -> QuantizedMatrix:
+        """The matrix of integers, scales and zero points already rounded (:func:`quantize`'s or
+        :func:`gptq`'s form with ``return_zeros``: ``(N, groups, group)``, ``(N, groups, 1)`` twice; the
+        zero points None for a symmetric scheme) of ``in_features`` inputs, packed."""
         k, n = in_features, q.shape[0]
         quantized = cls(k, n, how, device=q.device)
+        if how.zero_point:
+            bias = 2 ** (how.bits - 1)
+            zero = zeros.reshape(n, -1).round().to(torch.int16)
+            q = (q.to(torch.int16) + zero[..., None] - bias).to(torch.int8)  # the levels, less the bias
+            quantized.zeros.copy_(pack_int4(F.pad(zero - bias, (0, zero.shape[1] % 2)).to(torch.int8)))
         q = q.reshape(n, -1)[:, :k]
         quantized.values.copy_(q if how.bits == 8 else pack_int4(F.pad(q, (0, k % 2))))
         quantized.scales.copy_(scales.reshape(n, -1).view(torch.int16))
@@ -330,19 +361,28 @@ class QuantizedMatrix(nn.Module):
         """The ``(N, K)`` integer values, unpacked."""
         return self.values if self.scheme.bits == 8 else unpack_int4(self.values)[:, : self.in_features]
 
+    def _zeros(self) -> torch.Tensor:
+        """The ``(N, groups)`` zero points less the bias (0 for a symmetric scheme)."""
+        if not self.scheme.zero_point:
+            return torch.zeros(self.scales.shape, dtype=torch.int8, device=self.scales.device)
+        return unpack_int4(self.zeros)[:, : self.scales.shape[1]]
+
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The ``(N, K)`` weight these values stand for, in ``dtype``: ``Wᵀ``."""
         scales = self.scales.view(torch.float16).to(dtype)
-        values = self._values().to(dtype)
+        values, zeros = self._values().to(dtype), self._zeros().to(dtype)
         if self.scheme.group is None:
-            return values * scales
+            return (values - zeros) * scales
         padded = F.pad(values, (0, -self.in_features % self.scheme.group))
-        groups = padded.reshape(self.out_features, scales.shape[1], -1) * scales[..., None]
+        groups = (padded.reshape(self.out_features, scales.shape[1], -1) - zeros[..., None]) * scales[
+            ..., None
+        ]
         return groups.reshape(self.out_features, -1)[:, : self.in_features]
 
     def nbytes(self) -> int:
-        """Bytes of the packed values and the scales, as stored."""
-        return self.values.numel() * self.values.element_size() + self.scales.numel() * SCALE_BYTES
+        """Bytes of the packed values, the scales and the zero points, as stored."""
+        zeros = self.zeros.numel() if self.scheme.zero_point else 0
+        return self.values.numel() * self.values.element_size() + self.scales.numel() * SCALE_BYTES + zeros
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W`` for ``x (..., K)``. At decode sizes on CUDA, svdmlp's Triton kernel, which reads
@@ -381,7 +421,9 @@ class QuantizedMatrix(nn.Module):
             padded = F.pad(self._values(), (0, -self.in_features % group, 0, -self.out_features % 16))
             packed = torch._convert_weight_to_int4pack_for_cpu(padded.to(torch.int32) + 8, 2)
             scales = F.pad(self.scales.view(torch.float16).to(dtype), (0, 0, 0, -self.out_features % 16))
-            scales_and_zeros = torch.stack((scales.T, torch.zeros_like(scales.T)), dim=-1).contiguous()
+            # The kernel computes (value + 8 − 8)·scale + offset: a zero point is the offset −zero·scale.
+            zeros = F.pad(self._zeros().to(dtype), (0, 0, 0, -self.out_features % 16))
+            scales_and_zeros = torch.stack((scales.T, -(zeros * scales).T), dim=-1).contiguous()
             cached = self.__dict__["_int4_cpu"] = (key, packed, scales_and_zeros)
         return cached[1], cached[2]
 
@@ -394,7 +436,7 @@ class QuantizedMatrix(nn.Module):
         )
 
     def _triton_fits(self, x: torch.Tensor) -> bool:
-        if x.device.type != "cuda" or torch.is_grad_enabled() or not _HAS_TRITON:
+        if x.device.type != "cuda" or torch.is_grad_enabled() or not _HAS_TRITON or self.scheme.zero_point:
             return False
         from svdmlp.kernels.configs import DECODE_MAX_TOKENS
 
@@ -405,6 +447,7 @@ class QuantizedMatrix(nn.Module):
         # and expects contiguous rows: both seen here on awkward shapes.
         return (
             self.scheme.bits == 8
+            and not self.scheme.zero_point
             and x.device.type == "cpu"
             and x.dtype in (torch.bfloat16, torch.float16)
             and self.in_features % 16 == 0

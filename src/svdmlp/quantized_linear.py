@@ -64,16 +64,15 @@ class QuantizedLinear(nn.Module):
         cls,
         linear: nn.Linear,
         how: Scheme,
-        q: torch.Tensor,
-        scales: torch.Tensor,
+        rounding: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
         correction: Factors | None = None,
         dtype: torch.dtype | None = None,
     ) -> QuantizedLinear:
-        """``linear`` stored as integers ``q`` and ``scales`` already rounded by ``how``
-        (:func:`svdmlp.int_weights.gptq`'s form), with ``correction`` as in :meth:`of`."""
-        return cls._around(
-            linear, QuantizedMatrix.rounded(q, scales, how, linear.in_features), correction, dtype
-        )
+        """``linear`` stored as the ``rounding`` ``(q, scales, zeros)`` already made by ``how``
+        (:func:`svdmlp.int_weights.gptq`'s form with its zero points), with ``correction`` as in :meth:`of`."""
+        q, scales, zeros = rounding
+        matrix = QuantizedMatrix.rounded(q, scales, zeros, how, linear.in_features)
+        return cls._around(linear, matrix, correction, dtype)
 
     @classmethod
     def _around(

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from svdmlp import arch, lowrank
-from svdmlp.int_weights import SCHEMES, factor_scheme
+from svdmlp.int_weights import STORED, factor_scheme
 from svdmlp.quantized_linear import QuantizedLinear
 from svdmlp.serving.quant_config import QuantSpec
 
@@ -19,7 +19,7 @@ def install(model: nn.Module, spec: QuantSpec, dtype: torch.dtype) -> None:
     if spec.weights is None:
         lowrank.install_skeleton(model, spec.layers, dtype, factor_scheme(spec.factor_bits))
         return
-    how = SCHEMES[spec.weights]
+    how = STORED[spec.weights]
     layout = arch.of_model(model)
     for index, layer in enumerate(arch.decoder_layers(model, layout)):
         mlp = getattr(layer, layout.mlp)

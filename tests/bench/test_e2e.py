@@ -107,8 +107,8 @@ def test_quantized_variants_run_beside_dense_at_their_bytes(model_dir, tmp_path,
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        ("int3", "the scheme must be one of int8, int4"),
-        ("int4-asym", "the scheme must be one of int8, int4"),
+        ("int3", "the scheme must be one of int8, int4, int4-asym"),
+        ("int4-asym-gptq", "the scheme must be one of int8, int4, int4-asym"),
         ("int4+x", "the correction's keep must be a number in (0, 1]"),
         ("int4+1.5", "the correction's keep must be a number in (0, 1]"),
     ],

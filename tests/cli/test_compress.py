@@ -409,3 +409,35 @@ def test_quantize_refuses_what_does_not_apply(compressed, tmp_path, capsys, flag
     model_dir, _, _ = compressed
     assert_cli_error(capsys, "compress", ["compress", model_dir, *flags, "--out", tmp_path / "x"], message)
     assert not (tmp_path / "x").exists()
+
+
+def test_quantize_stores_zero_points_of_an_asymmetric_scheme(compressed, tmp_path, capsys):
+    from svdmlp import models
+    from svdmlp.compression.quantized_dense import quantize_dense_mlps
+    from svdmlp.config import CalibrationSpec, CompressConfig
+
+    model_dir, text, _ = compressed
+    calib = ["--calib", text, "--calib-samples", "4", "--calib-seq-len", "32"]
+    out_dir = tmp_path / "out"
+    code, out, err = run_cli(
+        capsys,
+        "compress",
+        model_dir,
+        "--quantize",
+        "int4-asym",
+        *calib,
+        "--save-dtype",
+        "float32",
+        "--out",
+        out_dir,
+    )
+    assert code == 0, err
+    assert "MLP weights stored int4-asym by GPTQ on the calibration windows: " in out
+    assert checkpoint.read_metadata(out_dir)["report"]["layers"][0]["status"] == "quantized"
+    dense, tokenizer, _ = models.load_dense(str(model_dir))
+    config = CompressConfig(keep=1.0, calibration=CalibrationSpec(str(text), 4, 32), sequential=True)
+    quantize_dense_mlps(dense, tokenizer, "int4-asym", config, progress=False)
+    loaded, _ = checkpoint.load(out_dir, dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, dense(ids).logits, rtol=1e-4, atol=1e-4)

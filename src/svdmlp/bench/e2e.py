@@ -31,7 +31,7 @@ from svdmlp.bench.ceilings import measure_ceilings
 from svdmlp.bench.kernel import CPU_CEILING_SIZES, CUDA_CEILING_SIZES
 from svdmlp.decompose import Factors
 from svdmlp.engine import Engine
-from svdmlp.int_weights import SCHEMES, Scheme, factor_scheme
+from svdmlp.int_weights import STORED, Scheme, factor_scheme
 from svdmlp.quantized_linear import QuantizedLinear
 from svdmlp.ranks import check_keep, rank_for_keep, uniform_ranks
 
@@ -114,15 +114,16 @@ class E2EConfig:
 
 
 def dense_quantization(spec: str) -> tuple[Scheme, float]:
-    """The scheme and correction keep of a quantized variant, ``SCHEME[+KEEP]``: ``int8`` or ``int4``
-    (the packed kernels' own), and a low-rank correction keeping ``KEEP`` of each weight's parameters."""
+    """The scheme and correction keep of a quantized variant, ``SCHEME[+KEEP]``: a scheme stored packed
+    (:data:`svdmlp.int_weights.STORED`), and a low-rank correction keeping ``KEEP`` of each weight's
+    parameters."""
     name, plus, keep = spec.partition("+")
-    if name not in SCHEMES:
-        raise ValueError(f"quantized variant {spec!r}: the scheme must be one of {', '.join(SCHEMES)}")
+    if name not in STORED:
+        raise ValueError(f"quantized variant {spec!r}: the scheme must be one of {', '.join(STORED)}")
     if not plus:
-        return SCHEMES[name], 0.0
+        return STORED[name], 0.0
     try:
-        return SCHEMES[name], check_keep(float(keep))
+        return STORED[name], check_keep(float(keep))
     except ValueError:
         raise ValueError(
             f"quantized variant {spec!r}: the correction's keep must be a number in (0, 1]"

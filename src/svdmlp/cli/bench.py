@@ -236,8 +236,8 @@ def _add_e2e(benchmarks: argparse._SubParsersAction) -> None:
         default=(),
         metavar="SCHEME[+KEEP],...",
         help="also the dense model with its MLP weights quantized, as users deploy it: int8 (per "
-        "channel) or int4 (groups of 128), run by torch's weight-only kernels on CPU in bf16 and "
-        "svdmlp's Triton kernel at decode on CUDA; +KEEP adds a random low-rank correction keeping "
+        "channel), int4 or int4-asym (groups of 128), run by torch's weight-only kernels on CPU in bf16 "
+        "and (int8, int4) svdmlp's Triton kernel at decode on CUDA; +KEEP adds a random low-rank correction keeping "
         "that fraction of each weight (svdmlp eval --correction-keep), e.g. int8,int4,int4+0.05",
     )
     parser.add_argument(

@@ -88,8 +88,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         choices=STORED_SCHEMES,
         default=None,
         help="instead of factorising, store every MLP weight quantized: int8 (one scale per output "
-        "channel) or int4 (one per 128 inputs), rounded by GPTQ on the calibration windows layer by "
-        "layer; run by torch's weight-only kernels on CPU in bf16 and svdmlp's Triton kernel at decode",
+        "channel), int4 (one per 128 inputs) or int4-asym (and a zero point per 128 inputs), rounded by "
+        "GPTQ on the calibration windows layer by layer; run by torch's weight-only kernels on CPU in "
+        "bf16 and (int8, int4) svdmlp's Triton kernel at decode on CUDA",
     )
     p.add_argument(
         "--correction-keep",

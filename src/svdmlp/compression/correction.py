@@ -28,11 +28,13 @@ CORRECTION_ROUNDS = 1
 
 @dataclass(frozen=True)
 class Corrected:
-    """``(q, scales)`` in :func:`svdmlp.int_weights.quantize`'s form and the correction ``v @ u``."""
+    """``(q, scales, zeros)`` in :func:`svdmlp.int_weights.gptq`'s form (with its zero points) and the
+    correction ``v @ u`` (None: not corrected)."""
 
     q: torch.Tensor
     scales: torch.Tensor
-    correction: decompose.Factors
+    zeros: torch.Tensor
+    correction: decompose.Factors | None
 
 
 @torch.no_grad()
@@ -52,9 +54,9 @@ def corrected(
         error = weight - dequantize(q, scales, tuple(weight.shape))
         return decompose.Decomposition.of(error, whitening).factors(rank)
 
-    q, scales = gptq(weight, gram, how)
+    q, scales, zeros = gptq(weight, gram, how, return_zeros=True)
     factors = fit(q, scales)
     for _ in range(rounds):
-        q, scales = gptq(weight - factors.v @ factors.u, gram, how)
+        q, scales, zeros = gptq(weight - factors.v @ factors.u, gram, how, return_zeros=True)
         factors = fit(q, scales)
-    return Corrected(q, scales, factors)
+    return Corrected(q, scales, zeros, factors)

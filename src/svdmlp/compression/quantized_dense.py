@@ -22,19 +22,16 @@ from torch import nn
 from svdmlp import arch, lazy
 from svdmlp.compression import sequential
 from svdmlp.compression.calibration import config_windows, tokens_hash
-from svdmlp.compression.correction import CORRECTION_ROUNDS, corrected
+from svdmlp.compression.correction import CORRECTION_ROUNDS, Corrected, corrected
 from svdmlp.compression.report import LayerRecord, ProjectionRecord
 from svdmlp.config import CompressConfig
-from svdmlp.decompose import Factors
 from svdmlp.int_weights import FakeQuantization, Scheme, dequantize, gptq, scheme
 from svdmlp.quantized_linear import QuantizedLinear
 from svdmlp.ranks import rank_for_keep
 
 # What each rounded projection is handed to: (layer index, its MLP, projection name, the dense linear,
-# the integers and scales of int_weights.quantize's form, the correction or None, the input Gram).
-Place = Callable[
-    [int, nn.Module, str, nn.Linear, torch.Tensor, torch.Tensor, Factors | None, torch.Tensor], None
-]
+# its rounding with the correction or None, the input Gram).
+Place = Callable[[int, nn.Module, str, nn.Linear, Corrected, torch.Tensor], None]
 
 
 @torch.no_grad()
@@ -60,11 +57,11 @@ def _round_mlps(
             linear = getattr(mlp, spec.projection(projection))
             weight, gram = linear.weight, grams.input_gram(projection)
             if not correction_keep:
-                place(index, mlp, projection, linear, *gptq(weight.float(), gram, how), None, gram)
-                continue
-            rank = rank_for_keep(weight.shape[1], weight.shape[0], correction_keep, config.align)
-            fixed = corrected(weight, gram, grams.whitening(projection), how, rank, rounds)
-            place(index, mlp, projection, linear, fixed.q, fixed.scales, fixed.correction, gram)
+                fixed = Corrected(*gptq(weight.float(), gram, how, return_zeros=True), None)
+            else:
+                rank = rank_for_keep(weight.shape[1], weight.shape[0], correction_keep, config.align)
+                fixed = corrected(weight, gram, grams.whitening(projection), how, rank, rounds)
+            place(index, mlp, projection, linear, fixed, gram)
         lazy.store(model, layers[index])  # held by the walk, which runs it on as rounded
         del grams  # before the walk makes the next layer's
     return {"calibration_tokens": windows.numel(), "calibration_sha256": tokens_hash(windows)}
@@ -91,8 +88,9 @@ def quantize_dense_mlps(
     how = scheme(name)
     tally = FakeQuantization(how)
 
-    def place(index, mlp, projection, linear, q, scales, correction, gram) -> None:
-        tally.replace(linear.weight, q, scales, None if correction is None else (correction.v, correction.u))
+    def place(index, mlp, projection, linear, fixed: Corrected, gram) -> None:
+        correction = None if fixed.correction is None else (fixed.correction.v, fixed.correction.u)
+        tally.replace(linear.weight, fixed.q, fixed.scales, correction)
 
     digest = _round_mlps(
         model, tokenizer, how, config or CompressConfig(), correction_keep, rounds, progress, place
@@ -119,13 +117,14 @@ def store_quantized_mlps(
     projections: dict[int, list[ProjectionRecord]] = {}
     spec = arch.of_model(model)
 
-    def place(index, mlp, projection, linear, q, scales, correction, gram) -> None:
-        weight = linear.weight.float()
-        rounded = dequantize(q, scales, tuple(weight.shape))
+    def place(index, mlp, projection, linear, fixed: Corrected, gram) -> None:
+        weight, correction = linear.weight.float(), fixed.correction
+        rounded = dequantize(fixed.q, fixed.scales, tuple(weight.shape))
         value = rounded if correction is None else rounded + correction.v @ correction.u
         error = _output_error(weight, value, gram)
-        tally.replace(weight.clone(), q, scales, None if correction is None else (correction.v, correction.u))
-        module = QuantizedLinear.rounded(linear, how, q, scales, correction)
+        pair = None if correction is None else (correction.v, correction.u)
+        tally.replace(weight.clone(), fixed.q, fixed.scales, pair)
+        module = QuantizedLinear.rounded(linear, how, (fixed.q, fixed.scales, fixed.zeros), correction)
         setattr(mlp, spec.projection(projection), module)
         if correction is not None:
             n_out, n_in = weight.shape

@@ -16,7 +16,7 @@ layer with some (``--targets``) has those projections low-rank inside the origin
 ``factor_bits`` 8 or 4 stores the factors quantized (:mod:`svdmlp.int_weights`).
 
 A checkpoint whose MLP weights are stored quantized instead (``svdmlp compress --quantize``, format 5)
-names their scheme in ``weights`` (``"int8"`` or ``"int4"``): every MLP projection of every layer is
+names their scheme in ``weights`` (``"int8"``, ``"int4"`` or ``"int4-asym"``): every MLP projection of every layer is
 quantized, and ``layers`` holds the ranks of the low-rank corrections beside them (a layer or projection
 it leaves out has none)::
 
@@ -36,7 +36,7 @@ QUANTIZED_VERSION = 5  # a record with ``weights``: older readers must refuse it
 READABLE_VERSIONS = (4, 5)
 _PROJECTIONS = ("gate", "up", "down")  # arch.PROJECTIONS, repeated so this module imports nothing
 _FACTOR_BITS = (16, 8, 4)
-_WEIGHTS = ("int8", "int4")  # config.STORED_SCHEMES, repeated so this module imports nothing
+_WEIGHTS = ("int8", "int4", "int4-asym")  # config.STORED_SCHEMES, repeated so this module imports nothing
 
 # transformers reads a config's ``transformers_weights`` as the name of the weights file to load and
 # refuses any name that is not a safetensors file, with the name in its message. An svdmlp checkpoint
