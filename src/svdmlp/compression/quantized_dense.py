@@ -121,7 +121,7 @@ def store_quantized_mlps(
         weight, correction = linear.weight.float(), fixed.correction
         rounded = dequantize(fixed.q, fixed.scales, tuple(weight.shape))
         value = rounded if correction is None else rounded + correction.v @ correction.u
-        error = _output_error(weight, value, gram)
+        error = output_error(weight, value, gram)
         pair = None if correction is None else (correction.v, correction.u)
         tally.replace(weight.clone(), fixed.q, fixed.scales, pair)
         module = QuantizedLinear.rounded(linear, how, (fixed.q, fixed.scales, fixed.zeros), correction)
@@ -147,7 +147,7 @@ def store_quantized_mlps(
     return layers, {**tally.report(), "method": "gptq", **correction, **digest}
 
 
-def _output_error(weight: torch.Tensor, value: torch.Tensor, gram: torch.Tensor) -> float:
+def output_error(weight: torch.Tensor, value: torch.Tensor, gram: torch.Tensor) -> float:
     """``‖(W − value)·Xᵀ‖ / ‖W·Xᵀ‖`` from the Gram ``XᵀX`` of the inputs."""
     gram = gram.double()
     error = (weight - value).double()
