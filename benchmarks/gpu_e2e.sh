@@ -10,7 +10,8 @@
 #
 # Then the same at batch 1 with each engine's decode step compiled (torch.compile before the graph
 # capture), cut at $COMPILE_TIMEOUT s (default 150); then keep 0.8 at batch 1 with its factors in bf16,
-# int8 and int4 (svdmlp's Triton kernel reads the packed factors), cut at $QUANT_TIMEOUT s (default 120).
+# int8 and int4 (svdmlp's Triton kernel reads the packed factors) beside the dense MLP weight-only int8, int4
+# and int4 with a keep-0.05 correction (the anchor users compare with), cut at $QUANT_TIMEOUT s (default 120).
 # Everything lands under $OUT: env.txt, gpu_tests.txt, e2e.txt, e2e.json, e2e.png, e2e-compiled.{txt,json},
 # e2e-quantized.{txt,json}.
 # Sized for one 8-minute command: tests are cut at $TEST_TIMEOUT s (default 90), the benchmark at

@@ -46,6 +46,15 @@ def test_the_full_device_sweep_dry_runs(model_dir, tmp_path):
     ):
         assert name in names, name
     assert (tmp_path / "out" / "kernel-bench.txt").stat().st_size > 0
+    with tarfile.open(tmp_path / "out" / "gpu-results.tar.gz") as archive:
+        quantized = json.load(archive.extractfile("e2e/e2e-quantized.json"))
+    variants = {row["variant"] for row in quantized["rows"]}
+    assert {
+        "dense int8",
+        "dense int4",
+        "dense int4+0.05",
+        "keep 0.8 int4",
+    } <= variants  # the anchors beside SVD
 
 
 def test_the_decode_step_script_dry_runs(model_dir, tmp_path):
