@@ -12,7 +12,7 @@ from svdmlp.ranks import check_keep
 # --factor-bits: the quantization scheme (svdmlp.int_weights) the factors are stored in; 16 keeps them
 # in the model's floating-point dtype.
 FACTOR_BITS = {16: None, 8: "int8", 4: "int4"}
-# What a checkpoint's quantized weights (``quantize``) are stored in: svdmlp.int_weights.SCHEMES' names
+# What a checkpoint's quantized weights (``quantize``) are stored in: svdmlp.int_weights.STORED's names
 # (repeated here, where torch is not imported; a test keeps the two equal).
 STORED_SCHEMES = ("int8", "int4", "int4-asym")
 
@@ -237,8 +237,8 @@ class CompressConfig:
         lora: steps, learning rates and window length of ``heal="lora"``.
         factor_bits: 16 keeps the factors in floating point; 8 or 4 stores them quantized after
             healing (int8 per output channel, int4 in groups of 128: :mod:`svdmlp.int_weights`).
-        quantize: instead of factorising, store every MLP weight quantized by this scheme (``"int8"``
-            or ``"int4"``), rounded by GPTQ on the calibration windows layer by layer (each layer
+        quantize: instead of factorising, store every MLP weight quantized by this scheme (one of
+            :data:`STORED_SCHEMES`), rounded by GPTQ on the calibration windows layer by layer (each layer
             calibrated on the outputs of the layers already rounded):
             :mod:`svdmlp.compression.quantized_dense`. The recipe's other fields do not apply.
         correction_keep: with ``quantize``, beside each quantized weight a low-rank correction of its

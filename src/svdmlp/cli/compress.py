@@ -140,7 +140,7 @@ def config(args: argparse.Namespace, inter: int) -> CompressConfig:
     if args.quantize is not None:
         return _quantize_config(args, calibration)
     if args.correction_keep is not None:
-        raise ValueError("--correction-keep corrects quantized weights: give --quantize int4 (or int8) too")
+        raise ValueError("--correction-keep corrects quantized weights: give --quantize too")
     chosen = {"method": args.method, "heal": args.heal, "sequential": args.sequential}
     if args.allocate is not None:
         chosen["allocation"] = "budget" if args.allocate else "uniform"
