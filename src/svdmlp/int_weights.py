@@ -414,7 +414,8 @@ class QuantizedMatrix(nn.Module):
         """The values and scales in the layout of torch's CPU int4 kernel (values + 8 tiled its way,
         inputs padded to whole groups and outputs to 16; zero points 0), made once per dtype and kept
         beside the portable ones: a plain attribute, never saved."""
-        key = (dtype, self.values.data_ptr(), self.scales.data_ptr())
+        zeros = self.zeros.data_ptr() if self.scheme.zero_point else None
+        key = (dtype, self.values.data_ptr(), self.scales.data_ptr(), zeros)
         cached = self.__dict__.get("_int4_cpu")
         if cached is None or cached[0] != key:
             group = self.scheme.group
