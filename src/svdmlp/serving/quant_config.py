@@ -16,9 +16,9 @@ layer with some (``--targets``) has those projections low-rank inside the origin
 ``factor_bits`` 8 or 4 stores the factors quantized (:mod:`svdmlp.int_weights`).
 
 A checkpoint whose MLP weights are stored quantized instead (``svdmlp compress --quantize``, format 5)
-names their scheme in ``weights`` (``"int8"``, ``"int4"`` or ``"int4-asym"``): every MLP projection of every layer is
-quantized, and ``layers`` holds the ranks of the low-rank corrections beside them (a layer or projection
-it leaves out has none)::
+names their scheme in ``weights`` (``"int8"``, ``"int4"`` or ``"int4-asym"``): every MLP projection of
+every layer is quantized, and ``layers`` holds the ranks of the low-rank corrections beside them (a
+layer or projection it leaves out has none)::
 
     {"quant_method": "svdmlp", "format_version": 5, "align": 16, "factor_bits": 16, "weights": "int4",
      "layers": {"0": {"gate": 16, "up": 16, "down": 16}, ...}}
