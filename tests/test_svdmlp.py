@@ -34,7 +34,7 @@ LAYERS = (
     ("svdmlp.config",),
     ("svdmlp.int_weights",),
     ("svdmlp.backends",),
-    ("svdmlp.engine", "svdmlp.lowrank"),
+    ("svdmlp.engine", "svdmlp.lowrank", "svdmlp.quantized_linear"),
     (
         "svdmlp.compression",
         "svdmlp.evaluate",

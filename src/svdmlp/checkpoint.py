@@ -37,7 +37,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from svdmlp import arch, lazy, lowrank, models, skeleton
+from svdmlp import arch, lazy, lowrank, models
 from svdmlp.checkpoint_record import (
     DIGEST_KEY,
     FORMAT,
@@ -52,7 +52,7 @@ from svdmlp.checkpoint_record import (
 from svdmlp.compression.report import CompressionReport
 from svdmlp.config import CompressConfig
 from svdmlp.paths import file_sha256, under_umask
-from svdmlp.serving import quant_config
+from svdmlp.serving import quant_config, skeleton
 from svdmlp.versions import installed_versions
 
 

@@ -67,7 +67,7 @@ class SvdmlpQuantizer(HfQuantizer):
         return config
 
     def _process_model_before_weight_loading(self, model, **kwargs):
-        from svdmlp import skeleton
+        from svdmlp.serving import skeleton
 
         dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         skeleton.install(model, self.spec, dtype)
