@@ -361,23 +361,23 @@ class QuantizedMatrix(nn.Module):
         """The ``(N, K)`` integer values, unpacked."""
         return self.values if self.scheme.bits == 8 else unpack_int4(self.values)[:, : self.in_features]
 
-    def _zeros(self) -> torch.Tensor:
-        """The ``(N, groups)`` zero points less the bias (0 for a symmetric scheme)."""
+    def _zeros(self) -> torch.Tensor | None:
+        """The ``(N, groups)`` zero points less the bias (None for a symmetric scheme)."""
         if not self.scheme.zero_point:
-            return torch.zeros(self.scales.shape, dtype=torch.int8, device=self.scales.device)
+            return None
         return unpack_int4(self.zeros)[:, : self.scales.shape[1]]
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The ``(N, K)`` weight these values stand for, in ``dtype``: ``Wᵀ``."""
         scales = self.scales.view(torch.float16).to(dtype)
-        values, zeros = self._values().to(dtype), self._zeros().to(dtype)
+        values, zeros = self._values().to(dtype), self._zeros()
         if self.scheme.group is None:
-            return (values - zeros) * scales
+            return (values if zeros is None else values - zeros.to(dtype)) * scales
         padded = F.pad(values, (0, -self.in_features % self.scheme.group))
-        groups = (padded.reshape(self.out_features, scales.shape[1], -1) - zeros[..., None]) * scales[
-            ..., None
-        ]
-        return groups.reshape(self.out_features, -1)[:, : self.in_features]
+        groups = padded.reshape(self.out_features, scales.shape[1], -1)
+        if zeros is not None:  # a symmetric matrix (every factor) pays for no subtraction
+            groups = groups - zeros.to(dtype)[..., None]
+        return (groups * scales[..., None]).reshape(self.out_features, -1)[:, : self.in_features]
 
     def nbytes(self) -> int:
         """Bytes of the packed values, the scales and the zero points, as stored."""
@@ -423,8 +423,13 @@ class QuantizedMatrix(nn.Module):
             packed = torch._convert_weight_to_int4pack_for_cpu(padded.to(torch.int32) + 8, 2)
             scales = F.pad(self.scales.view(torch.float16).to(dtype), (0, 0, 0, -self.out_features % 16))
             # The kernel computes (value + 8 − 8)·scale + offset: a zero point is the offset −zero·scale.
-            zeros = F.pad(self._zeros().to(dtype), (0, 0, 0, -self.out_features % 16))
-            scales_and_zeros = torch.stack((scales.T, -(zeros * scales).T), dim=-1).contiguous()
+            zeros = self._zeros()
+            offsets = (
+                torch.zeros_like(scales)
+                if zeros is None
+                else -F.pad(zeros.to(dtype), (0, 0, 0, -self.out_features % 16)) * scales
+            )
+            scales_and_zeros = torch.stack((scales.T, offsets.T), dim=-1).contiguous()
             cached = self.__dict__["_int4_cpu"] = (key, packed, scales_and_zeros)
         return cached[1], cached[2]
 

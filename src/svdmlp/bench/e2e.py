@@ -140,6 +140,14 @@ def build_model(name: str | None, device: torch.device, dtype: torch.dtype) -> t
     return model.eval()
 
 
+def _random_factors(rank: int, n_in: int, n_out: int, device) -> Factors:
+    """Random factors of a rank-``rank`` ``n_out × n_in`` matrix, scaled so products keep their size."""
+    return Factors(
+        u=torch.randn(rank, n_in, device=device) / math.sqrt(n_in),
+        v=torch.randn(n_out, rank, device=device) / math.sqrt(rank),
+    )
+
+
 def install_random_lowrank(model: torch.nn.Module, keep: float, align: int, backend: str) -> dict[str, int]:
     """Swap every MLP for a low-rank one with random factors of the ranks ``keep`` gives; its ranks."""
     spec = arch.of_model(model)
@@ -149,10 +157,7 @@ def install_random_lowrank(model: torch.nn.Module, keep: float, align: int, back
         shapes = {name: (linear.in_features, linear.out_features) for name, linear in linears.items()}
         ranks = uniform_ranks(shapes, keep, align)
         factors = {
-            name: Factors(
-                u=torch.randn(ranks[name], n_in, device=weight.device) / math.sqrt(n_in),
-                v=torch.randn(n_out, ranks[name], device=weight.device) / math.sqrt(ranks[name]),
-            )
+            name: _random_factors(ranks[name], n_in, n_out, weight.device)
             for name, (n_in, n_out) in shapes.items()
         }
         lowrank.install(model, spec, index, ranks, weight.dtype, weight.device, factors)
@@ -174,10 +179,8 @@ def install_quantized(model: torch.nn.Module, spec: str, align: int) -> dict[str
             if keep:
                 rank = rank_for_keep(linear.in_features, linear.out_features, keep, align)
                 ranks = {**(ranks or {}), name: rank}
-                correction = Factors(
-                    u=torch.randn(rank, linear.in_features, device=linear.weight.device)
-                    / math.sqrt(linear.in_features),
-                    v=torch.randn(linear.out_features, rank, device=linear.weight.device) / math.sqrt(rank),
+                correction = _random_factors(
+                    rank, linear.in_features, linear.out_features, linear.weight.device
                 )
             setattr(mlp, model_spec.projection(name), QuantizedLinear.of(linear, how, correction=correction))
     return ranks

@@ -87,12 +87,18 @@ class CompressionReport:
         return self.params_after["mlp"] / self.params_before["mlp"]
 
     @property
+    def stores_quantized_weights(self) -> bool:
+        """Whether the MLP weights themselves are stored quantized (``compress --quantize``: nothing
+        factorised) rather than a compression's factors."""
+        return bool(self.quantization) and "factor_params" not in self.quantization
+
+    @property
     def stored_quantization(self) -> dict:
         """:attr:`quantization` with the MLP's bytes as stored (``mlp_bytes``): the factors packed with
         their scales, the layers the allocation left dense in bf16; empty with floating-point factors."""
         if not self.quantization:
             return {}
-        if "factor_params" not in self.quantization:  # the dense weights stored quantized: counted so
+        if self.stores_quantized_weights:  # their bytes counted as stored already
             return dict(self.quantization)
         dense = self.params_after["mlp"] - self.quantization["factor_params"]
         return {**self.quantization, "mlp_bytes": self.quantization["factor_bytes"] + 2 * dense}
@@ -229,7 +235,7 @@ def quantization_line(report: CompressionReport) -> str:
     q = report.quantization
     if not q:
         return ""
-    if "factor_params" not in q:  # the dense weights stored quantized (--quantize)
+    if report.stores_quantized_weights:
         correction = (
             f" and a correction keeping {q['correction_keep']:g} of each weight ({q['correction_params']:,} "
             "parameters in bf16)"
@@ -256,7 +262,7 @@ def quantization_line(report: CompressionReport) -> str:
 
 def summary_line(report: CompressionReport) -> str:
     before, after = report.params_before, report.params_after
-    if report.quantization and "factor_params" not in report.quantization:
+    if report.stores_quantized_weights:
         return (
             f"MLP parameters {before['mlp']:,} -> {after['mlp']:,} with the corrections, stored in "
             f"{report.quantization['mlp_bytes'] / 1e6:.1f} MB"
