@@ -4,7 +4,7 @@ scored on the held-out domains and an unseen-text suite: the points of issue 50'
     python benchmarks/quantized_points.py OUT_DIR SPEC [SPEC ...] [--model M] [--suite dev|report] [--align A]
 
 A SPEC is a sweep's baseline (:class:`svdmlp.sweep.points.Quantization`: ``int4``, ``int3-asym-gptq``,
-``int3-asym-gptq+0.05``), optionally ``@ROUNDS`` for how many times quantization and correction are
+``int3-asym-gptq+0.05``, ``int4-asym-gptq+0.05-int8``), optionally ``@ROUNDS`` for how many times quantization and correction are
 solved in turn (default :data:`svdmlp.compression.correction.CORRECTION_ROUNDS`); a correction's rank is
 a multiple of ``--align`` (default 32, as ``svdmlp compress``'s). Each point is the dense model loaded
 afresh, rounded as ``svdmlp eval --quantize S [--gptq] [--correction-keep K]`` rounds it (the default
@@ -13,7 +13,7 @@ text. The
 dense model is scored once, into ``OUT_DIR/dense.json``; each point goes to ``OUT_DIR/SPEC.json`` (a
 point already there is not run again), in ``svdmlp eval --json``'s form, so that
 ``benchmarks/candidates_table.py OUT_DIR/dense.json NAME=OUT_DIR/SPEC.json`` tabulates them too. Prints
-each point's MLP megabytes (packed values, fp16 scales, bf16 correction) and geometric means.
+each point's MLP megabytes (packed values, fp16 scales, the correction as stored) and geometric means.
 """
 
 from __future__ import annotations
@@ -47,7 +47,13 @@ def _scored(model_name: str, texts: list[str], spec: str | None, align: int) -> 
         if how.gptq:
             config = CompressConfig(align=align)
             row["quantization"] = quantize_dense_mlps(
-                model, tokenizer, how.scheme, config, correction_keep=how.correction_keep, rounds=rounds
+                model,
+                tokenizer,
+                how.scheme,
+                config,
+                correction_keep=how.correction_keep,
+                rounds=rounds,
+                correction_bits=how.correction_bits,
             )
         else:
             row["quantization"] = quantize_mlp(model, how.scheme)

@@ -11,11 +11,18 @@ from svdmlp.int_weights import STORED, QuantizedMatrix, dequantize, quantize, sc
 from svdmlp.quantized_linear import QuantizedLinear
 
 
+def _stored(factor) -> torch.Tensor:
+    """A correction factor ``(in, out)`` as the float64 values it stands for, stored quantized or not."""
+    if isinstance(factor, QuantizedMatrix):
+        return factor.dequantized(torch.float64).T
+    return factor.double()
+
+
 def _reference(module: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     """``x·Q(W)ᵀ + (x·U)·V`` in float64, from the stored integers, scales and factors."""
     y = x.double() @ module.quantized.dequantized(torch.float64).T
     if module.rank:
-        y += (x.double() @ module.u_t.double()) @ module.v_t.double()
+        y += (x.double() @ _stored(module.u_t)) @ _stored(module.v_t)
     return y
 
 
@@ -38,6 +45,26 @@ def test_the_product_is_the_stored_weight_plus_the_correction(name, dtype, rank)
     if name == "int4-asym":  # the same integers and zero points as fake quantization
         restored = dequantize(*quantize(linear.weight.detach(), scheme(name)), (40, 144))
         torch.testing.assert_close(module.quantized.dequantized(), restored, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bits", ["int8", "int4"])
+def test_a_correction_stored_quantized_multiplies_as_its_values(bits):
+    torch.manual_seed(1)
+    linear = nn.Linear(144, 40, bias=False)
+    correction = Factors(u=torch.randn(6, 144), v=torch.randn(40, 6) * 0.01)
+    module = QuantizedLinear.of(linear, scheme("int4-asym"), correction=correction, factors_how=scheme(bits))
+    assert isinstance(module.u_t, QuantizedMatrix) and module.u_t.scheme.name == bits
+    x = torch.randn(5, 144).to(torch.bfloat16)
+    x[0] = float("nan")  # a poisoned row stays its own
+    with torch.no_grad():
+        y = module(x)
+    assert y[0].isnan().all() and not y[1:].isnan().any()
+    torch.testing.assert_close(y[1:].double(), _reference(module, x[1:]), rtol=3e-2, atol=3e-2)
+    # each factor rounded along the dimension it sums over, as fake quantization rounds it
+    u = dequantize(*quantize(correction.u, scheme(bits)), (6, 144))
+    torch.testing.assert_close(_stored(module.u_t).T.float(), u, rtol=0, atol=0)
+    expected = scheme("int4-asym").nbytes(40, 144) + scheme(bits).nbytes(6, 144) + scheme(bits).nbytes(40, 6)
+    assert module.nbytes() == expected
 
 
 def test_the_stored_schemes_are_named_alike_everywhere():

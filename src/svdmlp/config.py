@@ -236,7 +236,8 @@ class CompressConfig:
             text; see :mod:`svdmlp.compression.heal.distill`); or ``"closed-form+lora"``, both in that order.
         lora: steps, learning rates and window length of ``heal="lora"``.
         factor_bits: 16 keeps the factors in floating point; 8 or 4 stores them quantized after
-            healing (int8 per output channel, int4 in groups of 128: :mod:`svdmlp.int_weights`).
+            healing (int8 per output channel, int4 in groups of 128: :mod:`svdmlp.int_weights`); with
+            ``quantize``, the width the correction's factors are stored in.
         quantize: instead of factorising, store every MLP weight quantized by this scheme (one of
             :data:`STORED_SCHEMES`), rounded by GPTQ on the calibration windows layer by layer (each layer
             calibrated on the outputs of the layers already rounded):
@@ -314,8 +315,10 @@ class CompressConfig:
             raise ValueError(f"the correction's keep must be in [0, 1), got {correction!r}")
         if correction and self.quantize is None:
             raise ValueError("a correction (correction_keep) corrects quantized weights: give quantize too")
-        if self.quantize is not None and self.factor_bits != 16:
-            raise ValueError("quantize stores the dense weights quantized; factor_bits is for factors")
+        if self.quantize is not None and self.factor_bits != 16 and not correction:
+            raise ValueError(
+                "with quantize, factor_bits is the width of the correction's factors: give correction_keep"
+            )
 
     @property
     def heals_closed_form(self) -> bool:

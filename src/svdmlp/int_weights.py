@@ -233,16 +233,22 @@ class FakeQuantization:
         q: torch.Tensor,
         scales: torch.Tensor,
         correction: tuple[torch.Tensor, torch.Tensor] | None = None,
+        correction_how: Scheme | None = None,
     ) -> None:
         """Put the value of ``(q, scales)`` (:func:`quantize`'s form) in place of ``weight`` and count it;
-        with a low-rank ``correction`` ``(v, u)``, the value plus ``v @ u``, its factors counted in bf16."""
+        with a low-rank ``correction`` ``(v, u)``, the value plus ``v @ u``, its factors counted in bf16,
+        or rounded to nearest by ``correction_how`` along the dimension each sums over and counted packed."""
         restored = dequantize(q, scales, tuple(weight.shape))
         self.mlp_bytes += self.how.nbytes(*weight.shape)
         if correction is not None:
-            v, u = correction
-            restored += v.float() @ u.float()
+            v, u = (factor.float() for factor in correction)
+            if correction_how is not None:
+                v, u = (dequantize(*quantize(f, correction_how), tuple(f.shape)) for f in (v, u))
+                self.mlp_bytes += sum(correction_how.nbytes(*f.shape) for f in (v, u))
+            else:
+                self.mlp_bytes += 2 * (v.numel() + u.numel())
+            restored += v @ u
             self.correction_params += v.numel() + u.numel()
-            self.mlp_bytes += 2 * (v.numel() + u.numel())
         error = (restored - weight.float()).norm() / weight.float().norm().clamp_min(1e-30)
         self.max_rel_error = max(self.max_rel_error, float(error))
         weight.copy_(restored.to(weight.dtype))

@@ -400,7 +400,10 @@ def test_quantize_stores_the_weights_with_their_corrections_and_loads_them_as_ro
             ["--quantize", "int4", "--keep", "0.5"],
             "--quantize stores every MLP weight quantized, nothing factorised: --keep do not apply",
         ),
-        (["--quantize", "int8", "--factor-bits", "4"], "--factor-bits do not apply"),
+        (
+            ["--quantize", "int8", "--factor-bits", "4"],
+            "--factor-bits is the width of the correction's factors: give --correction-keep",
+        ),
         (["--correction-keep", "0.1"], "--correction-keep corrects quantized weights: give --quantize"),
         (["--quantize", "int4", "--correction-keep", "1"], "the correction's keep must be in [0, 1)"),
     ],
@@ -441,3 +444,57 @@ def test_quantize_stores_zero_points_of_an_asymmetric_scheme(compressed, tmp_pat
     ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, dense(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_quantize_stores_the_correction_int8_and_loads_it_as_fake_quantization_scores_it(
+    compressed, tmp_path, capsys
+):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from svdmlp import models
+    from svdmlp.compression.quantized_dense import quantize_dense_mlps
+    from svdmlp.config import CalibrationSpec, CompressConfig
+    from svdmlp.int_weights import QuantizedMatrix, scheme
+
+    model_dir, text, _ = compressed
+    out_dir = tmp_path / "out"
+    calib = ["--calib", text, "--calib-samples", "4", "--calib-seq-len", "32", "--align", "8"]
+    argv = [
+        "compress",
+        model_dir,
+        "--quantize",
+        "int4-asym",
+        "--correction-keep",
+        "0.5",
+        "--factor-bits",
+        "8",
+    ]
+    code, out, err = run_cli(capsys, *argv, *calib, "--save-dtype", "float32", "--out", out_dir)
+    assert code == 0, err
+    assert "a correction keeping 0.5 of each weight (15,360 parameters in int8)" in out
+    manifest = json.loads((out_dir / "config.json").read_text())["quantization_config"]
+    assert manifest["weights"] == "int4-asym" and manifest["factor_bits"] == 8
+    loaded, _ = checkpoint.load(out_dir, dtype=torch.float32)
+    down = loaded.model.layers[1].mlp.down_proj
+    assert isinstance(down.v_t, QuantizedMatrix) and down.rank == 16
+    dense, tokenizer, _ = models.load_dense(str(model_dir))
+    config = CompressConfig(keep=1.0, align=8, calibration=CalibrationSpec(str(text), 4, 32), sequential=True)
+    fake = quantize_dense_mlps(
+        dense, tokenizer, "int4-asym", config, progress=False, correction_keep=0.5, correction_bits=8
+    )
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    with torch.no_grad():
+        got = loaded(ids).logits
+        through_transformers = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)(ids).logits
+        torch.testing.assert_close(got, dense(ids).logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(through_transformers, got, rtol=0, atol=0)
+    # the bytes counted are the stored ones: per layer gate and up (96 x 64) and down (64 x 96), each
+    # with its factors v (out x 16) and u (16 x in) int8 with a scale a row
+    stored = checkpoint.read_metadata(out_dir)["report"]["quantization"]
+    int4, int8 = scheme("int4-asym"), scheme("int8")
+    gate = int4.nbytes(96, 64) + int8.nbytes(96, 16) + int8.nbytes(16, 64)
+    down = int4.nbytes(64, 96) + int8.nbytes(64, 16) + int8.nbytes(16, 96)
+    assert stored["mlp_bytes"] == fake["mlp_bytes"] == 2 * (2 * gate + down)
+    assert stored["correction_bits"] == 8

@@ -65,7 +65,7 @@ GOOD = QuantSpec(layers={1: {"gate": 32, "up": 32, "down": 24}}, align=8, factor
         ({"format_version": 5}, "weights must be one of .* in format_version 5 and absent before"),
         ({"weights": "int4"}, "weights must be one of .* in format_version 5 and absent before"),
         ({"format_version": 5, "weights": "int3"}, "weights must be one of"),
-        ({"format_version": 5, "weights": "int4", "factor_bits": 4}, "quantized weights have no factor_bits"),
+        ({"format_version": 5, "weights": "int4", "factor_bits": 5}, "factor_bits must be one of"),
         ({"format_version": "4"}, "format_version '4'"),
         ({"factor_bits": 3}, "factor_bits must be one of"),
         ({"factor_bits": True}, "factor_bits must be one of"),

@@ -81,7 +81,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=16,
         help="store the factors quantized after healing: 8 (int8, one scale per output channel) or 4 "
         "(int4, one per 128 inputs), scales in fp16; 16 (default) keeps them in --save-dtype. Quantized "
-        "factors run on the PyTorch backend (int8: torch's int8 weight-only kernel on CPU)",
+        "factors run on the PyTorch backend (int8: torch's int8 weight-only kernel on CPU). With "
+        "--quantize and --correction-keep: the correction's factors",
     )
     p.add_argument(
         "--quantize",
@@ -99,7 +100,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         metavar="F",
         help="with --quantize: beside each weight a low-rank correction of its rounding error keeping "
         "this fraction of its parameters (the rank rule of --keep, aligned to --align), stored in "
-        "--save-dtype (default: none)",
+        "--save-dtype or as --factor-bits says (default: none)",
     )
     p.add_argument(
         "--save-dtype",
@@ -173,10 +174,13 @@ def _quantize_config(args: argparse.Namespace, calibration: CalibrationSpec) -> 
         "--layers": args.layers,
     }
     given = [flag for flag, value in recipe.items() if value is not None]
-    if given or args.factor_bits != 16:
-        flags = ", ".join(given + ["--factor-bits"] * (args.factor_bits != 16))
+    if given:
         raise ValueError(
-            f"--quantize stores every MLP weight quantized, nothing factorised: {flags} do not apply"
+            f"--quantize stores every MLP weight quantized, nothing factorised: {', '.join(given)} do not apply"
+        )
+    if args.factor_bits != 16 and not args.correction_keep:
+        raise ValueError(
+            "with --quantize, --factor-bits is the width of the correction's factors: give --correction-keep"
         )
     return CompressConfig(
         keep=1.0,
@@ -186,6 +190,7 @@ def _quantize_config(args: argparse.Namespace, calibration: CalibrationSpec) -> 
         sequential=True,
         quantize=args.quantize,
         correction_keep=args.correction_keep or 0.0,
+        factor_bits=args.factor_bits,
     )
 
 

@@ -128,7 +128,10 @@ def run(args: argparse.Namespace) -> options.Outcome:
         stored = "factors"
         if config.get("quantize"):  # the weights stored quantized (compress --quantize), nothing factorised
             stored, correction = "MLP weights", config.get("correction_keep")
-            label = f"MLP {config['quantize']} GPTQ" + (f" + correction {correction:g}" if correction else "")
+            bits = "" if config.get("factor_bits", 16) == 16 else f" (int{config['factor_bits']})"
+            label = f"MLP {config['quantize']} GPTQ" + (
+                f" + correction {correction:g}{bits}" if correction else ""
+            )
             quantized = {"quantization": report.stored_quantization}
         elif report.quantization:
             quantized = {"quantization": report.stored_quantization}

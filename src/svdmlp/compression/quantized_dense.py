@@ -25,7 +25,7 @@ from svdmlp.compression.calibration import config_windows, tokens_hash
 from svdmlp.compression.correction import CORRECTION_ROUNDS, Corrected, corrected
 from svdmlp.compression.report import LayerRecord, ProjectionRecord
 from svdmlp.config import CompressConfig
-from svdmlp.int_weights import FakeQuantization, Scheme, dequantize, gptq, scheme
+from svdmlp.int_weights import FakeQuantization, Scheme, factor_scheme, gptq, scheme
 from svdmlp.quantized_linear import QuantizedLinear
 from svdmlp.ranks import rank_for_keep
 
@@ -76,6 +76,7 @@ def quantize_dense_mlps(
     progress: bool = True,
     correction_keep: float = 0.0,
     rounds: int = CORRECTION_ROUNDS,
+    correction_bits: int = 16,
 ) -> dict:
     """Round every MLP weight of the dense ``model`` by GPTQ (scheme ``name``) on the calibration windows
     ``config`` names (default: what ``svdmlp compress`` draws with no flag), as fake quantization; what it
@@ -83,19 +84,20 @@ def quantize_dense_mlps(
 
     With ``correction_keep`` > 0, each weight keeps a low-rank correction of its rounding error
     (:mod:`svdmlp.compression.correction`) of the rank that keeps that fraction of its parameters (the
-    rank rule of ``--keep``, aligned to ``config.align``), counted in bf16 in the MLP's bytes; quantization
-    and correction solved in turn ``rounds`` times."""
-    how = scheme(name)
+    rank rule of ``--keep``, aligned to ``config.align``), its factors in bf16 or rounded to
+    ``correction_bits`` 8 or 4 as ``--factor-bits`` rounds factors, counted in the MLP's bytes;
+    quantization and correction solved in turn ``rounds`` times."""
+    how, factors_how = scheme(name), factor_scheme(correction_bits)
     tally = FakeQuantization(how)
 
     def place(index, mlp, projection, linear, fixed: Corrected, gram) -> None:
         correction = None if fixed.correction is None else (fixed.correction.v, fixed.correction.u)
-        tally.replace(linear.weight, fixed.q, fixed.scales, correction)
+        tally.replace(linear.weight, fixed.q, fixed.scales, correction, factors_how)
 
     digest = _round_mlps(
         model, tokenizer, how, config or CompressConfig(), correction_keep, rounds, progress, place
     )
-    correction = {"correction_keep": correction_keep, "correction_rounds": rounds} if correction_keep else {}
+    correction = _correction_record(correction_keep, rounds, correction_bits)
     return {**tally.report(), "method": "gptq", **correction, **digest}
 
 
@@ -109,22 +111,22 @@ def store_quantized_mlps(
 ) -> tuple[list[LayerRecord], dict]:
     """Replace every MLP projection of the dense ``model`` by a :class:`QuantizedLinear` of its weight,
     rounded by GPTQ (``config.quantize``) with the correction ``config.correction_keep`` asks for, its
-    factors in the weight's dtype until saved. Returns each layer's record (the corrections' ranks, keeps
+    factors in the weight's dtype until saved, or quantized as ``config.factor_bits`` says. Returns each layer's record (the corrections' ranks, keeps
     and output errors ``‖(W − Q − V·U)·Xᵀ‖ / ‖W·Xᵀ‖`` on the calibration inputs) and the quantization's
     (as :func:`quantize_dense_mlps` reports it)."""
-    how = scheme(config.quantize)
+    how, factors_how = scheme(config.quantize), factor_scheme(config.factor_bits)
     tally = FakeQuantization(how)  # counts the bytes and errors; the model gets the packed form
     projections: dict[int, list[ProjectionRecord]] = {}
     spec = arch.of_model(model)
 
     def place(index, mlp, projection, linear, fixed: Corrected, gram) -> None:
         weight, correction = linear.weight.float(), fixed.correction
-        rounded = dequantize(fixed.q, fixed.scales, tuple(weight.shape))
-        value = rounded if correction is None else rounded + correction.v @ correction.u
-        error = output_error(weight, value, gram)
         pair = None if correction is None else (correction.v, correction.u)
-        tally.replace(weight.clone(), fixed.q, fixed.scales, pair)
-        module = QuantizedLinear.rounded(linear, how, (fixed.q, fixed.scales, fixed.zeros), correction)
+        value = weight.clone()  # becomes what the stored module stands for
+        tally.replace(value, fixed.q, fixed.scales, pair, factors_how)
+        error = output_error(weight, value, gram)
+        rounding = (fixed.q, fixed.scales, fixed.zeros)
+        module = QuantizedLinear.rounded(linear, how, rounding, correction, factors_how=factors_how)
         setattr(mlp, spec.projection(projection), module)
         if correction is not None:
             n_out, n_in = weight.shape
@@ -139,12 +141,19 @@ def store_quantized_mlps(
         )
         for index in range(len(arch.decoder_layers(model, spec)))
     ]
-    correction = (
-        {"correction_keep": config.correction_keep, "correction_rounds": rounds}
-        if config.correction_keep
-        else {}
-    )
+    correction = _correction_record(config.correction_keep, rounds, config.factor_bits)
     return layers, {**tally.report(), "method": "gptq", **correction, **digest}
+
+
+def _correction_record(keep: float, rounds: int, bits: int) -> dict:
+    """What a quantization's record says of its correction (nothing when there is none)."""
+    if not keep:
+        return {}
+    return {
+        "correction_keep": keep,
+        "correction_rounds": rounds,
+        **({"correction_bits": bits} if bits != 16 else {}),
+    }
 
 
 def output_error(weight: torch.Tensor, value: torch.Tensor, gram: torch.Tensor) -> float:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from svdmlp import arch
+from svdmlp.config import FACTOR_BITS
 from svdmlp.tables import format_table
 
 if TYPE_CHECKING:
@@ -238,7 +239,7 @@ def quantization_line(report: CompressionReport) -> str:
     if report.stores_quantized_weights:
         correction = (
             f" and a correction keeping {q['correction_keep']:g} of each weight ({q['correction_params']:,} "
-            "parameters in bf16)"
+            f"parameters in {FACTOR_BITS[q.get('correction_bits', 16)] or 'bf16'})"
             if q.get("correction_params")
             else ""
         )

@@ -18,7 +18,7 @@ layer with some (``--targets``) has those projections low-rank inside the origin
 A checkpoint whose MLP weights are stored quantized instead (``svdmlp compress --quantize``, format 5)
 names their scheme in ``weights`` (``"int8"``, ``"int4"`` or ``"int4-asym"``): every MLP projection of
 every layer is quantized, and ``layers`` holds the ranks of the low-rank corrections beside them (a
-layer or projection it leaves out has none)::
+layer or projection it leaves out has none), their factors stored as ``factor_bits`` says::
 
     {"quant_method": "svdmlp", "format_version": 5, "align": 16, "factor_bits": 16, "weights": "int4",
      "layers": {"0": {"gate": 16, "up": 16, "down": 16}, ...}}
@@ -123,8 +123,6 @@ def parse(record) -> QuantSpec:
             f"svdmlp quantization_config: weights must be one of {_WEIGHTS} in format_version "
             f"{QUANTIZED_VERSION} and absent before, got {weights!r} in {version}"
         )
-    if weights is not None and bits != 16:
-        raise ValueError("svdmlp quantization_config: quantized weights have no factor_bits but 16")
     if bits not in _FACTOR_BITS or type(bits) is not int:
         raise ValueError(
             f"svdmlp quantization_config: factor_bits must be one of {_FACTOR_BITS}, got {bits!r}"

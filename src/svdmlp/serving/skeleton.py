@@ -15,7 +15,7 @@ from svdmlp.serving.quant_config import QuantSpec
 
 
 def install(model: nn.Module, spec: QuantSpec, dtype: torch.dtype) -> None:
-    """Swap in the empty modules of ``spec`` (factors and corrections in ``dtype``)."""
+    """Swap in the empty modules of ``spec`` (factors and corrections in ``dtype`` unless quantized)."""
     if spec.weights is None:
         lowrank.install_skeleton(model, spec.layers, dtype, factor_scheme(spec.factor_bits))
         return
@@ -27,6 +27,12 @@ def install(model: nn.Module, spec: QuantSpec, dtype: torch.dtype) -> None:
         for name in arch.PROJECTIONS:
             dense = getattr(mlp, layout.projection(name))
             empty = QuantizedLinear(
-                dense.in_features, dense.out_features, how, ranks.get(name, 0), dtype, "meta"
+                dense.in_features,
+                dense.out_features,
+                how,
+                ranks.get(name, 0),
+                dtype,
+                "meta",
+                factor_scheme(spec.factor_bits),
             )
             setattr(mlp, layout.projection(name), empty)

@@ -37,9 +37,7 @@ def series(record: dict) -> str:
     if record["method"] == "dense":
         if not record.get("quantize"):
             return "dense"
-        how = Quantization.parse(record["quantize"])
-        correction = f" + correction {how.correction_keep:g}" if how.correction_keep else ""
-        return f"dense {how.scheme} {'GPTQ' if how.gptq else 'RTN'}{correction}"
+        return f"dense {Quantization.parse(record['quantize']).label}"
     bits = record.get("factor_bits", 16)
     return record["method"] if bits == 16 else f"{record['method']}, factors {FACTOR_BITS[bits]}"
 

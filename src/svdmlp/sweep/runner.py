@@ -309,7 +309,12 @@ def _dense(model, tokenizer, point: Point, base: CompressConfig) -> dict:
     how = Quantization.parse(point.quantize)
     if how.gptq:
         quantization = quantize_dense_mlps(
-            model, tokenizer, how.scheme, base, correction_keep=how.correction_keep
+            model,
+            tokenizer,
+            how.scheme,
+            base,
+            correction_keep=how.correction_keep,
+            correction_bits=how.correction_bits,
         )
         record["calibration"] = {
             "tokens": quantization["calibration_tokens"],
