@@ -355,12 +355,20 @@ class QuantizedMatrix(nn.Module):
 
     @classmethod
     def around(
-        cls, values: torch.Tensor, scales: torch.Tensor, how: Scheme, in_features: int
+        cls,
+        values: torch.Tensor,
+        scales: torch.Tensor,
+        how: Scheme,
+        in_features: int,
+        zeros: torch.Tensor | None = None,
     ) -> QuantizedMatrix:
-        """A matrix holding ``values`` and ``scales`` as they are (no copy): rebuilt from its tensors
-        where only tensors can pass (:mod:`svdmlp.backends.compiled_ops`)."""
+        """A matrix holding ``values``, ``scales`` (and an asymmetric scheme's ``zeros``) as they are (no
+        copy): rebuilt from its tensors where only tensors can pass (:mod:`svdmlp.backends.compiled_ops`,
+        the vLLM plugin's parameters)."""
         matrix = cls(in_features, values.shape[0], how, device="meta")
         matrix.values, matrix.scales = values, scales
+        if how.zero_point:
+            matrix.zeros = zeros
         return matrix
 
     def _values(self) -> torch.Tensor:

@@ -82,7 +82,7 @@ def test_what_cannot_be_built_is_refused(change, message):
         parse({**GOOD, **change})
 
 
-def test_quantized_weights_round_trip_and_vllm_refuses_them():
+def test_quantized_weights_round_trip_and_vllm_refuses_partial_corrections():
     report = {
         "layers": [
             {"index": 0, "status": "quantized", "projections": [{"name": "gate", "rank": 16}]},
@@ -92,8 +92,13 @@ def test_quantized_weights_round_trip_and_vllm_refuses_them():
     spec = quant_config.of_checkpoint(report, {"align": 16, "factor_bits": 16, "quantize": "int4"})
     assert spec == QuantSpec(layers={0: {"gate": 16}}, align=16, factor_bits=16, version=5, weights="int4")
     assert parse(json.loads(json.dumps(spec.to_dict()))) == spec
-    with pytest.raises(ValueError, match="stores its MLP weights quantized .int4.*vLLM does not serve"):
+    with pytest.raises(ValueError, match="corrects only some projections of layer 0; vLLM serves"):
         spec.require_whole_mlps()
+    whole = QuantSpec(
+        layers={0: {"gate": 8, "up": 8, "down": 8}}, align=16, factor_bits=8, version=5, weights="int4"
+    )
+    whole.require_whole_mlps()
+    assert parse(whole.to_dict()) == whole
 
 
 def test_not_a_dict_is_refused():

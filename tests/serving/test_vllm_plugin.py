@@ -84,17 +84,20 @@ def svdmlp_greedy(directory, prompts: list[list[int]], dtype=torch.float32) -> l
     return [engine.generate([p], NEW_TOKENS).tokens[0] for p in prompts]
 
 
-FACTORS = {"gate_up_u_t", "gate_v_t", "up_v_t", "u_t", "v_t"}  # the plugin's parameters on vLLM's layers
+# The plugin's parameters on vLLM's layers: factors, and a quantized weight's (its "weight_values", ...)
+FACTORS = {"gate_up_u_t", "gate_v_t", "up_v_t", "u_t", "v_t"}
 
 
 def _mlp_factor_bytes(model) -> int:
-    """Bytes vLLM holds for the low-rank MLPs: the parameters the plugin registered, quantized ones as
-    their values and scales."""
-    return sum(
-        p.numel() * p.element_size()
-        for name, p in model.named_parameters()
-        if name.rsplit(".", 1)[-1].removesuffix("_values").removesuffix("_scales") in FACTORS
-    )
+    """Bytes vLLM holds for the low-rank MLPs or the quantized ones: the parameters the plugin
+    registered, quantized ones as their values, scales and zero points."""
+    total = 0
+    for name, p in model.named_parameters():
+        stored = name.rsplit(".", 1)[-1]
+        base = stored.removesuffix("_values").removesuffix("_scales").removesuffix("_zeros")
+        if base in FACTORS or (base == "weight" and base != stored):  # not vLLM's own dense "weight"
+            total += p.numel() * p.element_size()
+    return total
 
 
 def checkpoint_factor_bytes(directory, float_bytes: int = 4) -> int:
@@ -104,7 +107,7 @@ def checkpoint_factor_bytes(directory, float_bytes: int = 4) -> int:
     for name in json.loads((directory / "svdmlp.json").read_text())["weights"]["files"]:
         with safe_open(directory / name, framework="pt") as handle:
             for key in handle.keys():
-                if key.rsplit(".", 1)[-1] in ("values", "scales") or key.endswith("_t"):
+                if key.rsplit(".", 1)[-1] in ("values", "scales", "zeros") or key.endswith("_t"):
                     tensor = handle.get_tensor(key)
                     size = float_bytes if tensor.is_floating_point() else tensor.element_size()
                     total += tensor.numel() * size
@@ -214,6 +217,30 @@ def test_quantized_factors_stay_quantized(bits, tokenizer, tmp_path):
     with served(ckpt) as llm:
         assert vllm_greedy(llm, prompts) == expected
         assert llm.apply_model(_mlp_factor_bytes) == [checkpoint_factor_bytes(ckpt)]
+    with served(ckpt, tensor_parallel_size=2) as llm:
+        assert vllm_greedy(llm, prompts) == expected
+
+
+@pytest.mark.parametrize(("weights", "bits"), [("int4-asym", 16), ("int8", 8)])
+def test_quantized_weights_and_their_corrections_are_served_as_stored(weights, bits, tokenizer, tmp_path):
+    ckpt = _compress(
+        untied_model("llama", **VLLM_TINY),
+        tokenizer,
+        tmp_path / "ckpt",
+        _text(tmp_path),
+        keep=1.0,
+        sequential=True,
+        quantize=weights,
+        correction_keep=0.1,
+        factor_bits=bits,
+    )
+    prompts = [tokenizer(p)["input_ids"] for p in ("the quick fox", "the old king walks")]
+    expected = svdmlp_greedy(ckpt, prompts)
+    with served(ckpt) as llm:
+        assert vllm_greedy(llm, prompts) == expected
+        assert llm.apply_model(_mlp_factor_bytes) == [checkpoint_factor_bytes(ckpt)]
+        theirs = prompt_logprobs(llm, prompts[1])
+    torch.testing.assert_close(theirs, svdmlp_prompt_logprobs(ckpt, prompts[1]), rtol=0, atol=2e-4)
     with served(ckpt, tensor_parallel_size=2) as llm:
         assert vllm_greedy(llm, prompts) == expected
 

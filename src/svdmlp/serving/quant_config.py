@@ -61,14 +61,15 @@ class QuantSpec:
         return set(self.layers.get(index, ())) == set(_PROJECTIONS)
 
     def require_whole_mlps(self) -> None:
-        """A ValueError unless every compressed layer's MLP is low-rank whole: what vLLM can serve (its
-        MLP is one merged gate/up layer and one down layer, each low-rank or dense as a whole)."""
-        if self.weights is not None:
-            raise ValueError(
-                f"the checkpoint stores its MLP weights quantized ({self.weights}, svdmlp compress "
-                "--quantize): vLLM does not serve that form yet; load it with svdmlp or transformers"
-            )
+        """A ValueError unless every compressed layer's MLP is low-rank whole (or, with quantized
+        weights, every corrected layer corrected whole): what vLLM can serve (its MLP is one merged
+        gate/up layer and one down layer, each low-rank or dense as a whole)."""
         partial = [index for index in self.layers if not self.fully_compressed(index)]
+        if partial and self.weights is not None:
+            raise ValueError(
+                f"the checkpoint corrects only some projections of layer {partial[0]}; vLLM serves "
+                "quantized MLPs whose corrections cover gate, up and down alike"
+            )
         if partial:
             raise ValueError(
                 f"the checkpoint has only some projections of layer {partial[0]} low-rank (--targets); "
