@@ -66,8 +66,7 @@ class Scheme:
 
 SCHEMES = {"int8": Scheme("int8", 8, None), "int4": Scheme("int4", 4, 128)}  # the packed kernels' own
 # What a QuantizedMatrix stores: those, and for dense weights (compress --quantize) int4 with zero points,
-# which torch's CPU int4 kernel takes as they are (svdmlp's Triton kernel does not: on CUDA it is
-# dequantized for each product).
+# which torch's CPU int4 kernel and svdmlp's Triton decode kernel take as they are.
 STORED = {**SCHEMES, "int4-asym": Scheme("int4-asym", 4, 128, zero_point=True)}
 
 
@@ -409,7 +408,8 @@ class QuantizedMatrix(nn.Module):
             rows = x.reshape(-1, self.in_features)
             out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype, device=x.device)
             how = self.scheme
-            quantized_matmul(rows, self.values, self.scales, how.bits, how.group, out)
+            zeros = self.zeros if how.zero_point else None
+            quantized_matmul(rows, self.values, self.scales, how.bits, how.group, out, zero_points=zeros)
             return out.reshape(*x.shape[:-1], self.out_features)
         if self._int8_kernel_fits(x):
             rows = x.reshape(-1, self.in_features).contiguous()  # the kernel reads rows densely
@@ -456,7 +456,7 @@ class QuantizedMatrix(nn.Module):
         )
 
     def _triton_fits(self, x: torch.Tensor) -> bool:
-        if x.device.type != "cuda" or torch.is_grad_enabled() or not _HAS_TRITON or self.scheme.zero_point:
+        if x.device.type != "cuda" or torch.is_grad_enabled() or not _HAS_TRITON:
             return False
         from svdmlp.kernels.configs import DECODE_MAX_TOKENS
 

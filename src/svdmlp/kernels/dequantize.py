@@ -9,7 +9,9 @@ fp16 values. That is the transpose of the float factors' ``(K, N)`` layout, read
 transpose at run time. One scale per output channel (``GROUP`` 0) is applied once, after the K loop
 (:func:`channel_scaled`); with groups (``GROUP`` = 128 inputs) each K step lies inside one group
 (BLOCK_K divides GROUP, steps start at multiples of BLOCK_K) and its partial product is scaled before
-it is added (:func:`quantized_dot`).
+it is added (:func:`quantized_dot`). An asymmetric scheme's zero points (``(N, ⌈groups/2⌉)`` uint8, two
+groups a byte as the values are packed) are taken off after the product, as the step's input sum times
+zero and scale (:func:`zero_point_term`): the values are multiplied as they are.
 """
 
 from __future__ import annotations
@@ -99,3 +101,16 @@ def channel_scaled(acc, s_rows, n_in, GROUP: tl.constexpr):
     if GROUP == 0:
         acc = acc * _scales(s_rows, n_in)[None, :]
     return acc
+
+
+@triton.jit
+def zero_point_term(a, z_rows, s_rows, n_in, k_start, q_width, BITS: tl.constexpr, GROUP: tl.constexpr):
+    """What an asymmetric scheme's zero points take off a K step's scaled product:
+    ``Σ_k a[m, k] · zero[n] · scale[n]`` for the step's group (``W = (q − zero) · scale``), in fp32,
+    ``z_rows`` pointing at each output channel's packed zero points (BLOCK_N)."""
+    group = k_start // GROUP
+    inside = n_in & (k_start * BITS // 8 < q_width)
+    byte = tl.load(z_rows + group // 2, mask=inside, other=0x88)
+    zero = ((byte >> (4 * (group % 2))) & 15).to(tl.float32) - 8
+    total = tl.sum(a.to(tl.float32), axis=1)
+    return total[:, None] * (zero * _scales(s_rows + group, inside))[None, :]
