@@ -397,11 +397,12 @@ class QuantizedMatrix(nn.Module):
         zeros = self.zeros.numel() if self.scheme.zero_point else 0
         return self.values.numel() * self.values.element_size() + self.scales.numel() * SCALE_BYTES + zeros
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, correction: tuple | None = None) -> torch.Tensor:
         """``x @ W`` for ``x (..., K)``. At decode sizes on CUDA, svdmlp's Triton kernel, which reads
         the packed values; on CPU with bf16/fp16 activations, torch's weight-only kernels (int8: about
         3.5× faster than a bf16 GEMM of the same shape here, int4: about 6×); otherwise the dequantized
-        weight in ``x``'s dtype (cuBLAS on a GPU)."""
+        weight in ``x``'s dtype (cuBLAS on a GPU). Plus ``(x @ u_t) @ v_t`` for a low-rank
+        ``correction`` ``(u_t, v_t)`` in the same pass, where :meth:`fuses_correction` says so."""
         if self._triton_fits(x):
             from svdmlp.kernels.quantized_matmul import quantized_matmul
 
@@ -409,8 +410,19 @@ class QuantizedMatrix(nn.Module):
             out = torch.empty(rows.shape[0], self.out_features, dtype=x.dtype, device=x.device)
             how = self.scheme
             zeros = self.zeros if how.zero_point else None
-            quantized_matmul(rows, self.values, self.scales, how.bits, how.group, out, zero_points=zeros)
+            quantized_matmul(
+                rows,
+                self.values,
+                self.scales,
+                how.bits,
+                how.group,
+                out,
+                zero_points=zeros,
+                correction=correction,
+            )
             return out.reshape(*x.shape[:-1], self.out_features)
+        if correction is not None:
+            raise ValueError("a correction is added in the product's own pass only at decode on CUDA")
         if self._int8_kernel_fits(x):
             rows = x.reshape(-1, self.in_features).contiguous()  # the kernel reads rows densely
             scales = self.scales.view(torch.float16).to(x.dtype).reshape(-1)
@@ -454,6 +466,15 @@ class QuantizedMatrix(nn.Module):
             and x.dtype in (torch.bfloat16, torch.float16)
             and not torch.is_grad_enabled()
         )
+
+    def fuses_correction(self, x: torch.Tensor, u_t, v_t) -> bool:
+        """Whether :meth:`matmul` adds the correction ``(u_t, v_t)`` in its own pass for ``x``: svdmlp's
+        Triton kernel at decode on CUDA, factors floating point or int8 (``a·U`` kept on chip)."""
+        if not self._triton_fits(x):
+            return False
+        from svdmlp.kernels.quantized_matmul import fuses
+
+        return fuses(u_t, v_t)
 
     def _triton_fits(self, x: torch.Tensor) -> bool:
         if x.device.type != "cuda" or torch.is_grad_enabled() or not _HAS_TRITON:

@@ -4,9 +4,10 @@ Weight-only int8/int4 is what users deploy when they do not compress, so svdmlp 
 engine as its own models to compare speed honestly; the correction (issue 50,
 :mod:`svdmlp.compression.correction`) keeps the rounding error's dominant directions beside it. The
 quantized weight multiplies by :class:`~svdmlp.int_weights.QuantizedMatrix`'s kernels (torch's
-weight-only ones on CPU in bf16, svdmlp's Triton kernel at decode on CUDA), the correction by two small
-products of factors in the low-rank modules' layout, ``u_t (in, r)`` and ``v_t (r, out)``, floating
-point or themselves stored int8/int4 as ``svdmlp compress --factor-bits`` stores an SVD model's factors.
+weight-only ones on CPU in bf16; svdmlp's Triton kernel at decode on CUDA, which adds the correction in
+the same pass), the correction otherwise by two small products of factors in the low-rank modules'
+layout, ``u_t (in, r)`` and ``v_t (r, out)``, floating point or themselves stored int8/int4 as ``svdmlp
+compress --factor-bits`` stores an SVD model's factors.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class QuantizedLinear(nn.Module):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rank and self.quantized.fuses_correction(x, self.u_t, self.v_t):
+            return self.quantized.matmul(x, correction=(self.u_t, self.v_t))  # one pass over x
         y = self.quantized.matmul(x)
         if self.rank:
             y = y + lowrank_linear(x, self.u_t, self.v_t)
