@@ -55,6 +55,6 @@ echo "compiled bench exit status: ${PIPESTATUS[0]} (124 = cut by the timeout)"
 echo "== bench e2e with the factors in bf16, int8 and int4, keep 0.8, and the dense MLP weight-only int8, int4 and int4"
 echo "   with a keep-0.05 correction (the anchor users compare with), batch 1, no HF baseline (cut at ${QUANT_TIMEOUT}s)"
 timeout "$QUANT_TIMEOUT" "$PYTHON" -m svdmlp bench e2e ${MODEL:+"$MODEL"} "${RUN_ARGS[@]}" --keep 0.8 --batch 1 --no-hf \
-    --factor-bits 16,8,4 --quantize int8,int4,int4+0.05 --json "$OUT/e2e-quantized.json" 2>&1 | tee "$OUT/e2e-quantized.txt"
+    --factor-bits 16,8,4 --quantize int8,int4,int4-asym,int4+0.05,int4-asym+0.05-int8 --json "$OUT/e2e-quantized.json" 2>&1 | tee "$OUT/e2e-quantized.txt"
 echo "quantized bench exit status: ${PIPESTATUS[0]} (124 = cut by the timeout)"
 exit "$status"

@@ -3,7 +3,7 @@ scored on the held-out domains and an unseen-text suite: the points of issue 50'
 
     python benchmarks/quantized_points.py OUT_DIR SPEC [SPEC ...] [--model M] [--suite dev|report] [--align A]
 
-A SPEC is a sweep's baseline (:class:`svdmlp.sweep.points.Quantization`: ``int4``, ``int3-asym-gptq``,
+A SPEC is a sweep's baseline (:class:`svdmlp.quantize.Quantization`: ``int4``, ``int3-asym-gptq``,
 ``int3-asym-gptq+0.05``, ``int4-asym-gptq+0.05-int8``), optionally ``@ROUNDS`` for how many times quantization and correction are
 solved in turn (default :data:`svdmlp.compression.correction.CORRECTION_ROUNDS`); a correction's rank is
 a multiple of ``--align`` (default 32, as ``svdmlp compress``'s). Each point is the dense model loaded
@@ -29,8 +29,7 @@ from svdmlp.compression.quantized_dense import quantize_dense_mlps
 from svdmlp.compression.report import count_parameters, mlp_bytes
 from svdmlp.config import CompressConfig
 from svdmlp.evaluate import suite
-from svdmlp.quantize import quantize_mlp
-from svdmlp.sweep.points import Quantization
+from svdmlp.quantize import Quantization, quantize_mlp
 from svdmlp.tables import markdown_table
 
 SETTINGS = suite.EvalSettings(seq_len=512, max_windows=16)

@@ -53,6 +53,7 @@ def test_the_full_device_sweep_dry_runs(model_dir, tmp_path):
         "dense int8",
         "dense int4",
         "dense int4+0.05",
+        "dense int4-asym+0.05-int8",
         "keep 0.8 int4",
     } <= variants  # the anchors beside SVD
 

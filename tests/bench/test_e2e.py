@@ -84,11 +84,25 @@ def test_quantized_variants_run_beside_dense_at_their_bytes(model_dir, tmp_path,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out_json = tmp_path / "e2e.json"
     argv = ["bench", "e2e", str(model_dir), "--keep", "0.5", "--batch", "1", "--align", "16", "--no-hf"]
-    argv += ["--quantize", "int8,int4,int4+0.25", "--dtype", "bfloat16", "--prompt-len", "8"]
+    argv += [
+        "--quantize",
+        "int8,int4,int4+0.25,int4-asym+0.25-int8",
+        "--dtype",
+        "bfloat16",
+        "--prompt-len",
+        "8",
+    ]
     assert main([*argv, "--new-tokens", "3", "--repeats", "1", "--json", str(out_json)]) == 0
     report = json.loads(out_json.read_text())
     rows = {row["variant"]: row for row in report["rows"]}
-    assert list(rows) == ["dense", "keep 0.5", "dense int8", "dense int4", "dense int4+0.25"]
+    assert list(rows) == [
+        "dense",
+        "keep 0.5",
+        "dense int8",
+        "dense int4",
+        "dense int4+0.25",
+        "dense int4-asym+0.25-int8",
+    ]
     assert (
         rows["dense int4"]["weight_bytes"]
         < rows["dense int8"]["weight_bytes"]
@@ -100,7 +114,13 @@ def test_quantized_variants_run_beside_dense_at_their_bytes(model_dir, tmp_path,
     extra = rows["dense int4+0.25"]["weight_bytes"] - rows["dense int4"]["weight_bytes"]
     assert rows["dense int4+0.25"]["ranks"] == {"gate": 16, "up": 16, "down": 16}
     assert extra == layers * 3 * (64 + 96) * 16 * 2
-    assert report["config"]["quantized"] == ["int8", "int4", "int4+0.25"]
+    # int4-asym's zero points (a byte per row: one group) and the int8 correction's factors, u (16 × in)
+    # and v (out × 16), a byte a value and an fp16 scale a row
+    asym = rows["dense int4-asym+0.25-int8"]["weight_bytes"] - rows["dense int4"]["weight_bytes"]
+    gate = 96 + (16 * 64 + 16 * 2) + (96 * 16 + 96 * 2)
+    down = 64 + (16 * 96 + 16 * 2) + (64 * 16 + 64 * 2)
+    assert asym == layers * (2 * gate + down)
+    assert report["config"]["quantized"] == ["int8", "int4", "int4+0.25", "int4-asym+0.25-int8"]
     assert "dense int4+0.25 batch 1: decode" in capsys.readouterr().out
 
 
@@ -109,8 +129,9 @@ def test_quantized_variants_run_beside_dense_at_their_bytes(model_dir, tmp_path,
     [
         ("int3", "the scheme must be one of int8, int4, int4-asym"),
         ("int4-asym-gptq", "the scheme must be one of int8, int4, int4-asym"),
-        ("int4+x", "the correction's keep must be a number in (0, 1]"),
-        ("int4+1.5", "the correction's keep must be a number in (0, 1]"),
+        ("int4+x", "the correction is KEEP, a number in (0, 1]"),
+        ("int4+1.5", "the correction is KEEP, a number in (0, 1]"),
+        ("int4+0.1-int3", "or KEEP-int8 or KEEP-int4"),
     ],
 )
 def test_a_bad_quantized_variant_is_one_line(model_dir, capsys, spec, message):

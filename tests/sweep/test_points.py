@@ -2,7 +2,8 @@
 
 import pytest
 
-from svdmlp.sweep.points import Point, Quantization, plan
+from svdmlp.quantize import Quantization
+from svdmlp.sweep.points import Point, plan
 
 
 def test_a_baseline_names_its_scheme_its_rounding_and_its_correction():

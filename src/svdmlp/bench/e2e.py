@@ -31,7 +31,8 @@ from svdmlp.bench.ceilings import measure_ceilings
 from svdmlp.bench.kernel import CPU_CEILING_SIZES, CUDA_CEILING_SIZES
 from svdmlp.decompose import Factors
 from svdmlp.engine import Engine
-from svdmlp.int_weights import STORED, Scheme, factor_scheme
+from svdmlp.int_weights import STORED, factor_scheme
+from svdmlp.quantize import Quantization
 from svdmlp.quantized_linear import QuantizedLinear
 from svdmlp.ranks import check_keep, rank_for_keep, uniform_ranks
 
@@ -113,21 +114,16 @@ class E2EConfig:
         }
 
 
-def dense_quantization(spec: str) -> tuple[Scheme, float]:
-    """The scheme and correction keep of a quantized variant, ``SCHEME[+KEEP]``: a scheme stored packed
-    (:data:`svdmlp.int_weights.STORED`), and a low-rank correction keeping ``KEEP`` of each weight's
-    parameters."""
-    name, plus, keep = spec.partition("+")
-    if name not in STORED:
-        raise ValueError(f"quantized variant {spec!r}: the scheme must be one of {', '.join(STORED)}")
-    if not plus:
-        return STORED[name], 0.0
-    try:
-        return STORED[name], check_keep(float(keep))
-    except ValueError:
+def dense_quantization(spec: str) -> Quantization:
+    """A quantized variant, ``SCHEME[+KEEP[-int8|-int4]]`` (:class:`~svdmlp.quantize.Quantization`): a
+    scheme stored packed (:data:`svdmlp.int_weights.STORED`), rounded to nearest, and a random low-rank
+    correction keeping ``KEEP`` of each weight's parameters (speed does not depend on its values)."""
+    how = Quantization.parse(spec, fitted=False)
+    if how.scheme not in STORED or how.gptq:
         raise ValueError(
-            f"quantized variant {spec!r}: the correction's keep must be a number in (0, 1]"
-        ) from None
+            f"quantized variant {spec!r}: the scheme must be one of {', '.join(STORED)}, rounded to nearest"
+        )
+    return how
 
 
 def build_model(name: str | None, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -168,7 +164,9 @@ def install_random_lowrank(model: torch.nn.Module, keep: float, align: int, back
 def install_quantized(model: torch.nn.Module, spec: str, align: int) -> dict[str, int] | None:
     """Swap every MLP projection for a :class:`QuantizedLinear` of its weight (rounded to nearest) as
     ``spec`` (:func:`dense_quantization`) says, with random correction factors; the correction's ranks."""
-    how, keep = dense_quantization(spec)
+    variant = dense_quantization(spec)
+    how, keep = STORED[variant.scheme], variant.correction_keep
+    factors_how = factor_scheme(variant.correction_bits)
     model_spec = arch.of_model(model)
     ranks = None
     for index, layer in enumerate(arch.decoder_layers(model, model_spec)):
@@ -182,7 +180,8 @@ def install_quantized(model: torch.nn.Module, spec: str, align: int) -> dict[str
                 correction = _random_factors(
                     rank, linear.in_features, linear.out_features, linear.weight.device
                 )
-            setattr(mlp, model_spec.projection(name), QuantizedLinear.of(linear, how, correction=correction))
+            module = QuantizedLinear.of(linear, how, correction=correction, factors_how=factors_how)
+            setattr(mlp, model_spec.projection(name), module)
     return ranks
 
 

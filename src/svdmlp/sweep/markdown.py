@@ -18,8 +18,9 @@ from svdmlp.config import FACTOR_BITS
 from svdmlp.evaluate import harness, suite
 from svdmlp.paths import write_output
 from svdmlp.plots import new_figure, save_figure
+from svdmlp.quantize import Quantization
 from svdmlp.sweep import speed
-from svdmlp.sweep.points import Quantization, mlp_bytes
+from svdmlp.sweep.points import mlp_bytes
 from svdmlp.tables import format_cell, markdown_table
 
 SPEED_PLOT = "ppl-vs-speed.png"

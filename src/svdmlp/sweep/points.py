@@ -9,58 +9,9 @@ from pathlib import Path
 
 from svdmlp import models
 from svdmlp.compression.report import mlp_bytes as report_mlp_bytes
-from svdmlp.config import FACTOR_BITS, CompressConfig, LoraSpec, checked_keep
+from svdmlp.config import FACTOR_BITS, CompressConfig, LoraSpec
 from svdmlp.evaluate import suite
-
-
-@dataclass(frozen=True)
-class Quantization:
-    """A dense baseline of a sweep, ``SCHEME[-gptq][+KEEP[-int8|-int4]]``: the MLP weights rounded to
-    nearest by a scheme of :func:`svdmlp.int_weights.scheme` (``int4``, ``int3-asym``, ``int2g64-asym``),
-    or by GPTQ on the calibration windows (``-gptq``), with a low-rank correction keeping ``KEEP`` of each
-    weight's parameters (``+KEEP``, GPTQ only), its factors in bf16 or stored int8 or int4 as
-    ``--factor-bits`` stores factors (``+0.05-int8``), as ``svdmlp eval --quantize S [--gptq]
-    [--correction-keep K]`` and ``svdmlp compress --quantize S --correction-keep K --factor-bits B``."""
-
-    scheme: str
-    gptq: bool = False
-    correction_keep: float = 0.0
-    correction_bits: int = 16
-
-    @classmethod
-    def parse(cls, spec: str) -> Quantization:
-        from svdmlp.int_weights import scheme
-
-        rest, plus, correction = spec.partition("+")
-        name = rest.removesuffix("-gptq")
-        scheme(name)  # names a bad scheme
-        gptq = name != rest
-        if not plus:
-            return cls(name, gptq)
-        if not gptq:
-            raise ValueError(
-                f"quantization {spec!r}: a correction is fitted on calibration: {name}-gptq+{correction}"
-            )
-        keep, bits = correction, 16
-        for width, bits_name in FACTOR_BITS.items():
-            if bits_name is not None and correction.endswith(f"-{bits_name}"):
-                keep, bits = correction.removesuffix(f"-{bits_name}"), width
-        try:
-            return cls(name, gptq, checked_keep(float(keep)), bits)
-        except ValueError:
-            raise ValueError(
-                f"quantization {spec!r}: the correction is KEEP, a number in (0, 1], or KEEP-int8 or "
-                "KEEP-int4 for its factors stored quantized"
-            ) from None
-
-    @property
-    def label(self) -> str:
-        """How a table or plot names it: ``int4 GPTQ + correction 0.05 (int8)``."""
-        text = f"{self.scheme} {'GPTQ' if self.gptq else 'RTN'}"
-        if self.correction_keep:
-            bits = "" if self.correction_bits == 16 else f" ({FACTOR_BITS[self.correction_bits]})"
-            text += f" + correction {self.correction_keep:g}{bits}"
-        return text
+from svdmlp.quantize import Quantization
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,8 @@ from svdmlp.compression.steps import calibration as calibration_step
 from svdmlp.compression.steps.context import Run
 from svdmlp.config import CompressConfig
 from svdmlp.evaluate import suite
-from svdmlp.quantize import quantize_mlp
-from svdmlp.sweep.points import Point, Quantization, check_same_sweep, point_path, relevant, sweep_identity
+from svdmlp.quantize import Quantization, quantize_mlp
+from svdmlp.sweep.points import Point, check_same_sweep, point_path, relevant, sweep_identity
 
 # Where a sweep into OUT keeps the output-gradient Grams its points share (a model on disk).
 SHARED = ".calibration"
