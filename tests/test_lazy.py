@@ -24,7 +24,7 @@ from conftest import (
 )
 from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.cli import main
-from svdmlp.compression import factorise, output_grams, pipeline, sensitivity, sequential
+from svdmlp.compression import factorise, output_grams, pipeline, quantized_dense, sensitivity, sequential
 from svdmlp.compression.heal import distill
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 
@@ -330,6 +330,52 @@ def test_a_run_stopped_between_layers_keeps_the_previous_checkpoint_and_continue
     assert whole.keys() == continued.keys()
     for name, tensor in whole.items():
         torch.testing.assert_close(continued[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_quantize_run_stopped_between_layers_continues_to_the_same_checkpoint(
+    saved_model, monkeypatch, capsys
+):
+    # int4 weights with zero points and an int8 correction: every stored tensor of a layer is a buffer
+    root = saved_model
+    quantize = ["--quantize", "int4-asym", "--correction-keep", "0.5", "--factor-bits", "8", "--align", "8"]
+    calib = ["--calib", str(root / "calib.txt"), "--calib-samples", "4", "--calib-seq-len", "32"]
+
+    def command(out: str) -> list[str]:
+        return ["compress", str(root / "model"), *quantize, *calib, "--out", str(root / out)]
+
+    rounding, calls = quantized_dense.corrected, []
+    monkeypatch.setattr(quantized_dense, "corrected", lambda *a, **k: calls.append(1) or rounding(*a, **k))
+    assert main(command("whole")) == 0  # never stopped
+    assert len(calls) == 9  # three layers of three projections
+
+    def stopped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 9 + 7:  # layer 2's up projection: layers 0 and 1 are stored
+            raise KeyboardInterrupt
+        return rounding(*args, **kwargs)
+
+    monkeypatch.setattr(quantized_dense, "corrected", stopped)
+    assert main(command("ckpt")) == 130
+    work = root / ".ckpt.work"
+    assert "is kept in " + str(work) in capsys.readouterr().err
+    progress = json.loads((work / "progress.json").read_text())
+    assert sorted(progress["layers"]) == sorted(progress["tallies"]) == ["0", "1"]
+
+    calls.clear()
+    monkeypatch.setattr(quantized_dense, "corrected", lambda *a, **k: calls.append(1) or rounding(*a, **k))
+    code, _, err = run_cli(capsys, *command("ckpt"))
+    assert code == 0, err
+    assert f"continuing the stopped run in {work}: 2 compressed layers done" in err
+    assert len(calls) == 3  # only layer 2's projections
+    assert not work.exists()
+    whole, continued = (checkpoint.read_metadata(root / name)["report"] for name in ("whole", "ckpt"))
+    for key in ("mlp_bytes", "mlp_bytes_bf16", "max_rel_error", "correction_params"):
+        assert continued["quantization"][key] == whole["quantization"][key], key
+    assert continued["layers"] == whole["layers"]
+    expected, got = (checkpoint.load(root / name)[0].state_dict() for name in ("whole", "ckpt"))
+    assert expected.keys() == got.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_a_run_stopped_in_the_allocation_measures_only_the_layers_left(saved_model, monkeypatch, capsys):

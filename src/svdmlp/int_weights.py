@@ -253,6 +253,22 @@ class FakeQuantization:
         weight.copy_(restored.to(weight.dtype))
         self.mlp_bytes_bf16 += 2 * weight.numel()
 
+    def counts(self) -> dict:
+        """What it has counted: the numbers :meth:`add` takes back (a layer's, kept by a stopped run)."""
+        return {
+            "mlp_bytes": self.mlp_bytes,
+            "mlp_bytes_bf16": self.mlp_bytes_bf16,
+            "max_rel_error": self.max_rel_error,
+            "correction_params": self.correction_params,
+        }
+
+    def add(self, counts: dict) -> None:
+        """Count what another tally counted (:meth:`counts`)."""
+        self.mlp_bytes += counts["mlp_bytes"]
+        self.mlp_bytes_bf16 += counts["mlp_bytes_bf16"]
+        self.max_rel_error = max(self.max_rel_error, counts["max_rel_error"])
+        self.correction_params += counts["correction_params"]
+
     def report(self) -> dict:
         """The scheme, the bytes quantized and in bf16, and the largest relative error of one weight."""
         how = self.how

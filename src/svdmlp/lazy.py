@@ -306,13 +306,20 @@ class DiskWeights:
     def adopt(self, unit: nn.Module) -> None:
         """Read ``unit`` from the file :meth:`store` wrote it to in an earlier run (a stopped compression
         continuing), as if this run had stored it; its parameters not on disk yet (the factors of a
-        low-rank module installed on the meta device) become on-disk parameters."""
+        low-rank module installed on the meta device) become on-disk parameters, and its saved buffers
+        on the meta device (a quantized weight's values and scales) are read into memory, where
+        :meth:`store` keeps them."""
         path = self.shard(unit)
+        names = tensor_names(self.model)
         with safe_open(path, framework="pt") as handle:
             stored = set(handle.keys())
-        missing = sorted(set(unit_tensors(self.model, unit)) - stored)
-        if missing:
-            raise ValueError(f"{path} holds no {missing[0]}: it was written for another model or plan")
+            missing = sorted(set(unit_tensors(self.model, unit)) - stored)
+            if missing:
+                raise ValueError(f"{path} holds no {missing[0]}: it was written for another model or plan")
+            for module in unit.modules():
+                for key, buffer in module._buffers.items():
+                    if buffer is not None and buffer.is_meta and id(buffer) in names:
+                        module._buffers[key] = handle.get_tensor(names[id(buffer)][0])
         self._read_from(unit, path)
 
     def _read_from(self, unit: nn.Module, path: Path) -> None:

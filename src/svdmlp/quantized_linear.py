@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from svdmlp import arch
 from svdmlp.backends.torch_ref import lowrank_linear
 from svdmlp.decompose import Factors
 from svdmlp.int_weights import QuantizedMatrix, Scheme, stored_bytes
@@ -123,3 +124,22 @@ class QuantizedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, rank={self.rank}"
+
+
+def install_empty(
+    mlp: nn.Module,
+    layout: arch.ArchSpec,
+    how: Scheme,
+    ranks: dict[str, int],
+    dtype: torch.dtype,
+    factors_how: Scheme | None,
+) -> None:
+    """Swap every projection of ``mlp`` for an empty :class:`QuantizedLinear` on the meta device, with a
+    correction of ``ranks[name]`` where given: the skeleton that a checkpoint's weights, or a stopped
+    run's file of the layer, fill."""
+    for name in arch.PROJECTIONS:
+        dense = getattr(mlp, layout.projection(name))
+        empty = QuantizedLinear(
+            dense.in_features, dense.out_features, how, ranks.get(name, 0), dtype, "meta", factors_how
+        )
+        setattr(mlp, layout.projection(name), empty)

@@ -40,6 +40,8 @@ from svdmlp.compression.heal import distill
 from svdmlp.compression.output_grams import OutputGrams, kept
 from svdmlp.compression.report import LayerRecord
 from svdmlp.config import CompressConfig
+from svdmlp.int_weights import STORED, factor_scheme
+from svdmlp.quantized_linear import install_empty
 from svdmlp.ranks import LayerSensitivity, Spectrum
 
 JOURNAL_FILE = "progress.json"
@@ -48,7 +50,10 @@ JOURNAL_FILE = "progress.json"
 def resumable(config: CompressConfig) -> bool:
     """Whether a stopped compression of ``config`` can continue from its journal: not one-shot
     calibration (a layer compressed earlier would change the dense walk the later layers are calibrated
-    on), nor quantized factors (their quantization is not recorded)."""
+    on), nor quantized factors (their quantization is not recorded). Quantized weights
+    (``config.quantize``) continue from their last layer stored, each with the counts of its tally."""
+    if config.quantize is not None:
+        return True
     return (config.sequential or not config.needs_calibration) and config.factor_bits == 16
 
 
@@ -260,23 +265,39 @@ class Journal:
             int(index): LayerRecord.from_dict(data) for index, data in self.state.get("layers", {}).items()
         }
 
-    def stored(self, record: LayerRecord, path: Path) -> None:
+    def stored(self, record: LayerRecord, path: Path, tally: dict | None = None) -> None:
         """Record layer ``record.index``, written to ``path`` in the directory (by :func:`lazy.save_atomic`,
-        on disk before it counts), with the digest that file carries."""
+        on disk before it counts), with the digest that file carries, and for quantized weights what the
+        layer added to the quantization's ``tally``
+        (:meth:`~svdmlp.int_weights.FakeQuantization.counts`)."""
         self.state.setdefault("layers", {})[str(record.index)] = asdict(record)
         self.state.setdefault("layer_files", {})[str(record.index)] = [path.name, lazy.saved_digest(path)]
+        if tally is not None:
+            self.state.setdefault("tallies", {})[str(record.index)] = tally
         self._write()
 
-    def restore(self, model: nn.Module, spec: arch.ArchSpec) -> dict[int, LayerRecord]:
+    def tallies(self) -> dict[int, dict]:
+        """What each recorded layer of quantized weights added to the quantization's tally, by index."""
+        return {int(index): tally for index, tally in self.state.get("tallies", {}).items()}
+
+    def restore(
+        self, model: nn.Module, spec: arch.ArchSpec, config: CompressConfig
+    ) -> dict[int, LayerRecord]:
         """Install every recorded layer from its file (checked when the journal was opened): low-rank
-        modules of its ranks, read from disk as the layers this run stores are; the layers' records."""
+        modules of its ranks, or quantized projections (``config.quantize``) with their corrections,
+        read from disk as the layers this run stores are; the layers' records."""
         weights = lazy.of(model)
         layers = arch.decoder_layers(model, spec)
         records = self.layers()
         for index, record in records.items():
             if weights.shard(layers[index]).name != self.state["layer_files"][str(index)][0]:
                 raise ValueError(f"{self.directory} was written for another model: delete it to start again")
-            lowrank.install(model, spec, index, record.ranks, weights.dtype, "meta")
+            if config.quantize is not None:
+                how, factors_how = STORED[config.quantize], factor_scheme(config.factor_bits)
+                mlp = getattr(layers[index], spec.mlp)
+                install_empty(mlp, spec, how, record.ranks, weights.dtype, factors_how)
+            else:
+                lowrank.install(model, spec, index, record.ranks, weights.dtype, "meta")
             weights.adopt(layers[index])
         return records
 

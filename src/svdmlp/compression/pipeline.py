@@ -76,7 +76,7 @@ def compress(
         raise ValueError("a journal is for a model on disk and a plan that can continue (journal.resumable)")
     clock = journal.clock if journal is not None else clock or StepClock()
     if config.quantize is not None:
-        return _store_quantized(model, tokenizer, config, progress, on_step, clock)
+        return _store_quantized(model, tokenizer, config, progress, on_step, clock, journal)
     clock.switch("calibration")  # the checks and the windows' drawing count with it
     run = Run(model, tokenizer, config, calibration_text, progress, resident_healing, clock, on_step)
     before = count_parameters(model, run.mlp_names)
@@ -111,7 +111,7 @@ def compress(
     if journal is not None:
         if config.needs_calibration:
             run.windows()  # drawn while the model is dense (``self`` samples it), before the layers come back
-        run.records = journal.restore(model, run.spec)
+        run.records = journal.restore(model, run.spec, config)
     records = factorisation.factorise(run, journal.stored if journal is not None else None)
     run.done("factorisation")
 
@@ -146,15 +146,27 @@ def compress(
     )
 
 
-def _store_quantized(model, tokenizer, config, progress, on_step, clock: StepClock) -> CompressionReport:
+def _store_quantized(
+    model, tokenizer, config, progress, on_step, clock: StepClock, journal: Journal | None
+) -> CompressionReport:
     """``config.quantize``: every MLP weight stored quantized (with its correction), nothing factorised
-    (:func:`~svdmlp.compression.quantized_dense.store_quantized_mlps`). The parameters after count the
-    corrections' on top of the weights'; the bytes are in the report's quantization."""
+    (:func:`~svdmlp.compression.quantized_dense.store_quantized_mlps`), continuing from the layers a
+    stopped run's ``journal`` records. The parameters after count the corrections' on top of the
+    weights'; the bytes are in the report's quantization."""
     spec = arch.of_model(model)
     names = [arch.mlp_name(spec, i) for i in range(len(arch.decoder_layers(model, spec)))]
     before = count_parameters(model, names)
     clock.switch("quantization")
-    layers, quantization = quantized_dense.store_quantized_mlps(model, tokenizer, config, progress)
+    done = {}
+    if journal is not None:
+        tallies = journal.tallies()
+        done = {
+            index: (record, tallies[index]) for index, record in journal.restore(model, spec, config).items()
+        }
+    on_stored = journal.stored if journal is not None else None
+    layers, quantization = quantized_dense.store_quantized_mlps(
+        model, tokenizer, config, progress, done=done, on_stored=on_stored
+    )
     clock.switch(None)
     if on_step is not None:
         on_step("quantization")

@@ -15,6 +15,7 @@ of its own input. A model on disk has each layer written back once rounded.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -32,6 +33,9 @@ from svdmlp.ranks import rank_for_keep
 # What each rounded projection is handed to: (layer index, its MLP, projection name, the dense linear,
 # its rounding with the correction or None, the input Gram).
 Place = Callable[[int, nn.Module, str, nn.Linear, Corrected, torch.Tensor], None]
+# What each layer is handed to once all its projections are placed and it is written back: (its index, the
+# file it is in now; None for a model in memory).
+Finished = Callable[[int, Path | None], None]
 
 
 @torch.no_grad()
@@ -44,13 +48,18 @@ def _round_mlps(
     rounds: int,
     progress: bool,
     place: Place,
+    done: frozenset[int] = frozenset(),
+    finished: Finished | None = None,
 ) -> dict:
     """Round every MLP projection of ``model`` by GPTQ layer by layer, each with its correction when
-    ``correction_keep`` > 0, and hand each to ``place``; the calibration tokens used (count, SHA-256)."""
+    ``correction_keep`` > 0, and hand each to ``place``, then the layer to ``finished``; the layers
+    ``done`` (a stopped run's, installed as rounded) only carry the hidden states forward. Returns the
+    calibration tokens used (count, SHA-256)."""
     spec = arch.of_model(model)
     windows = config_windows(tokenizer, config, None, bos=arch.bos_token_id(spec, tokenizer))
     layers = arch.decoder_layers(model, spec)
-    walk = sequential.calibrated_layers(model, spec, windows, list(range(len(layers))), progress=progress)
+    todo = [index for index in range(len(layers)) if index not in done]
+    walk = sequential.calibrated_layers(model, spec, windows, todo, progress=progress)
     for index, grams, _ in walk:
         mlp = getattr(layers[index], spec.mlp)
         for projection in arch.PROJECTIONS:
@@ -62,7 +71,9 @@ def _round_mlps(
                 rank = rank_for_keep(weight.shape[1], weight.shape[0], correction_keep, config.align)
                 fixed = corrected(weight, gram, grams.whitening(projection), how, rank, rounds)
             place(index, mlp, projection, linear, fixed, gram)
-        lazy.store(model, layers[index])  # held by the walk, which runs it on as rounded
+        path = lazy.store(model, layers[index])  # held by the walk, which runs it on as rounded
+        if finished is not None:
+            finished(index, path)
         del grams  # before the walk makes the next layer's
     return {"calibration_tokens": windows.numel(), "calibration_sha256": tokens_hash(windows)}
 
@@ -108,22 +119,32 @@ def store_quantized_mlps(
     config: CompressConfig,
     progress: bool = True,
     rounds: int = CORRECTION_ROUNDS,
+    done: dict[int, tuple[LayerRecord, dict]] | None = None,
+    on_stored: Callable[[LayerRecord, Path | None, dict], None] | None = None,
 ) -> tuple[list[LayerRecord], dict]:
     """Replace every MLP projection of the dense ``model`` by a :class:`QuantizedLinear` of its weight,
     rounded by GPTQ (``config.quantize``) with the correction ``config.correction_keep`` asks for, its
-    factors in the weight's dtype until saved, or quantized as ``config.factor_bits`` says. Returns each layer's record (the corrections' ranks, keeps
-    and output errors ``‖(W − Q − V·U)·Xᵀ‖ / ‖W·Xᵀ‖`` on the calibration inputs) and the quantization's
-    (as :func:`quantize_dense_mlps` reports it)."""
+    factors in the weight's dtype until saved, or quantized as ``config.factor_bits`` says. Returns each
+    layer's record (the corrections' ranks, keeps and output errors ``‖(W − Q − V·U)·Xᵀ‖ / ‖W·Xᵀ‖`` on the
+    calibration inputs) and the quantization's (as :func:`quantize_dense_mlps` reports it).
+
+    A stopped run's layers, installed as stored, come in ``done`` with their records and tallies
+    (:meth:`~svdmlp.int_weights.FakeQuantization.counts`); each layer made here goes to ``on_stored`` with
+    its file and tally once it is written."""
     how, factors_how = scheme(config.quantize), factor_scheme(config.factor_bits)
-    tally = FakeQuantization(how)  # counts the bytes and errors; the model gets the packed form
-    projections: dict[int, list[ProjectionRecord]] = {}
+    done = done or {}
+    total = FakeQuantization(how)  # counts the bytes and errors; the model gets the packed form
+    for _, counts in done.values():
+        total.add(counts)
+    records = {index: record for index, (record, _) in done.items()}
     spec = arch.of_model(model)
+    layer, projections = FakeQuantization(how), []
 
     def place(index, mlp, projection, linear, fixed: Corrected, gram) -> None:
         weight, correction = linear.weight.float(), fixed.correction
         pair = None if correction is None else (correction.v, correction.u)
         value = weight.clone()  # becomes what the stored module stands for
-        tally.replace(value, fixed.q, fixed.scales, pair, factors_how)
+        layer.replace(value, fixed.q, fixed.scales, pair, factors_how)
         error = output_error(weight, value, gram)
         rounding = (fixed.q, fixed.scales, fixed.zeros)
         module = QuantizedLinear.rounded(linear, how, rounding, correction, factors_how=factors_how)
@@ -131,18 +152,37 @@ def store_quantized_mlps(
         if correction is not None:
             n_out, n_in = weight.shape
             keep = correction.rank * (n_in + n_out) / (n_in * n_out)
-            record = ProjectionRecord(projection, n_in, n_out, correction.rank, keep, error)
-            projections.setdefault(index, []).append(record)
+            projections.append(ProjectionRecord(projection, n_in, n_out, correction.rank, keep, error))
 
-    digest = _round_mlps(model, tokenizer, how, config, config.correction_keep, rounds, progress, place)
-    layers = [
-        LayerRecord(
-            index, arch.mlp_name(spec, index), "quantized", projections=tuple(projections.get(index, ()))
+    def finished(index: int, path: Path | None) -> None:
+        nonlocal layer
+        records[index] = LayerRecord(
+            index, arch.mlp_name(spec, index), "quantized", projections=tuple(projections)
         )
-        for index in range(len(arch.decoder_layers(model, spec)))
-    ]
+        total.add(layer.counts())
+        if on_stored is not None:
+            on_stored(records[index], path, layer.counts())
+        layer, projections[:] = FakeQuantization(how), []
+
+    digest = _round_mlps(
+        model,
+        tokenizer,
+        how,
+        config,
+        config.correction_keep,
+        rounds,
+        progress,
+        place,
+        frozenset(done),
+        finished,
+    )
     correction = _correction_record(config.correction_keep, rounds, config.factor_bits)
-    return layers, {**tally.report(), "method": "gptq", **correction, **digest}
+    return [records[index] for index in sorted(records)], {
+        **total.report(),
+        "method": "gptq",
+        **correction,
+        **digest,
+    }
 
 
 def _correction_record(keep: float, rounds: int, bits: int) -> dict:

@@ -10,7 +10,7 @@ from torch import nn
 
 from svdmlp import arch, lowrank
 from svdmlp.int_weights import STORED, factor_scheme
-from svdmlp.quantized_linear import QuantizedLinear
+from svdmlp.quantized_linear import install_empty
 from svdmlp.serving.quant_config import QuantSpec
 
 
@@ -19,20 +19,14 @@ def install(model: nn.Module, spec: QuantSpec, dtype: torch.dtype) -> None:
     if spec.weights is None:
         lowrank.install_skeleton(model, spec.layers, dtype, factor_scheme(spec.factor_bits))
         return
-    how = STORED[spec.weights]
     layout = arch.of_model(model)
     for index, layer in enumerate(arch.decoder_layers(model, layout)):
-        mlp = getattr(layer, layout.mlp)
         ranks = spec.layers.get(index, {})
-        for name in arch.PROJECTIONS:
-            dense = getattr(mlp, layout.projection(name))
-            empty = QuantizedLinear(
-                dense.in_features,
-                dense.out_features,
-                how,
-                ranks.get(name, 0),
-                dtype,
-                "meta",
-                factor_scheme(spec.factor_bits),
-            )
-            setattr(mlp, layout.projection(name), empty)
+        install_empty(
+            getattr(layer, layout.mlp),
+            layout,
+            STORED[spec.weights],
+            ranks,
+            dtype,
+            factor_scheme(spec.factor_bits),
+        )
