@@ -175,6 +175,7 @@ def test_kernels_compile_for_an_h200_without_spills():
     kernels = ("_matmul_kernel", "_gated_expand_kernel", "_lowrank_linear_kernel")
     for kernel in kernels + ("_quantized_matmul_kernel", "_quantized_gated_expand_kernel"):
         assert kernel in result.stdout
+    assert "BLOCK_R=16" in result.stdout  # the quantized weight with its correction in one pass
 
 
 def test_the_l2_prefetch_share_is_off_by_default_and_checked(monkeypatch):

@@ -30,6 +30,7 @@ from svdmlp.kernels.capture import (
     QUANTIZED_LAYOUTS,
     Launch,
     captured_launches,
+    corrected_launches,
     gated_mlp_launches,
     meta,
 )
@@ -89,12 +90,14 @@ def mlp_launches(
     hidden: int, inter: int, rank: int, tokens: int, dtype: torch.dtype, sms: int
 ) -> list[Launch]:
     """The Triton launches of one gated MLP (all projections at ``rank``), one low-rank linear, and (at
-    decode sizes) one gated MLP on int8 and on int4 factors."""
+    decode sizes) one gated MLP on int8 and on int4 factors, and a dense int4 weight with zero points
+    and its low-rank correction in one pass."""
     ranks = (rank, rank, rank)
     launches = gated_mlp_launches(hidden, inter, ranks, tokens, dtype, sms)
     if tokens <= DECODE_MAX_TOKENS:  # above, quantized factors are dequantized for cuBLAS
         for layout in QUANTIZED_LAYOUTS:
             launches += gated_mlp_launches(hidden, inter, ranks, tokens, dtype, sms, quantized=layout)
+        launches += corrected_launches(hidden, inter, tokens, dtype, sms)
     with captured_launches(sms) as linear:
         lowrank_linear(
             meta(tokens, hidden, dtype=dtype), meta(hidden, rank, dtype=dtype), meta(rank, inter, dtype=dtype)

@@ -25,7 +25,7 @@ from svdmlp.kernels.lowrank_linear import _lowrank_linear_kernel
 from svdmlp.kernels.matmul import _matmul_kernel
 from svdmlp.kernels.quantized_gated_expand import _quantized_gated_expand_kernel
 from svdmlp.kernels.quantized_gated_mlp import quantized_gated_mlp
-from svdmlp.kernels.quantized_matmul import _quantized_matmul_kernel
+from svdmlp.kernels.quantized_matmul import _quantized_matmul_kernel, quantized_matmul
 
 KERNELS = (
     _matmul_kernel,
@@ -131,10 +131,15 @@ class QuantizedLayout:
 
     bits: int
     group: int | None
+    zero_point: bool = False
 
 
 # How svdmlp.int_weights.SCHEMES store factors: int8 per output channel, int4 in groups of 128.
 QUANTIZED_LAYOUTS = (QuantizedLayout(8, None), QuantizedLayout(4, 128))
+# How compress --quantize int4-asym stores a dense weight: int4 in groups of 128 with zero points.
+ZERO_POINT_LAYOUT = QuantizedLayout(4, 128, zero_point=True)
+# The rank of the low-rank correction :func:`corrected_launches` compiles (keep 0.05 of SmolLM2's MLP).
+CORRECTION_RANK = 16
 
 
 def meta_quantized(k: int, n: int, layout: QuantizedLayout) -> SimpleNamespace:
@@ -172,4 +177,24 @@ def gated_mlp_launches(
             lowrank_gated_mlp(x, *(meta(*shape, dtype=dtype) for shape in shapes), "silu", schedule=schedule)
         else:
             quantized_gated_mlp(x, *(meta_quantized(*shape, quantized) for shape in shapes), "silu")
+    return list(launches)
+
+
+def corrected_launches(k: int, n: int, tokens: int, dtype: torch.dtype, sms: int) -> list[Launch]:
+    """The decode launches of a ``(K, N)`` dense weight stored int4 with zero points (``compress --quantize
+    int4-asym``) with a low-rank correction added in the same pass, its factors floating point and int8."""
+    weight = meta_quantized(k, n, ZERO_POINT_LAYOUT)
+    zeros = meta(n, -(-weight.scales.shape[1] // 2), dtype=torch.uint8)
+    int8 = QuantizedLayout(8, None)
+    corrections = (
+        (meta(k, CORRECTION_RANK, dtype=dtype), meta(CORRECTION_RANK, n, dtype=dtype)),
+        (meta_quantized(k, CORRECTION_RANK, int8), meta_quantized(CORRECTION_RANK, n, int8)),
+    )
+    x = meta(tokens, k, dtype=dtype)
+    with captured_launches(sms) as launches:
+        for correction in corrections:
+            out = meta(tokens, n, dtype=dtype)
+            quantized_matmul(
+                x, weight.values, weight.scales, 4, 128, out, zero_points=zeros, correction=correction
+            )
     return list(launches)
