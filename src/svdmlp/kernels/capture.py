@@ -80,7 +80,9 @@ class Launch:
         shown = (
             f"{k}={v}"
             for k, v in self.constexprs
-            if k.startswith(("BLOCK", "RANK", "FUSE", "MERGED", "DOWN", "BITS", "num_"))
+            if k.startswith(
+                ("BLOCK", "RANK", "FUSE", "MERGED", "DOWN", "BITS", "ZERO_POINT", "CORRECTION", "num_")
+            )
         )
         return f"{self.name}({', '.join(shown)})"
 
