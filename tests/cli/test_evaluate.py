@@ -236,6 +236,20 @@ def test_eval_dense_model_rounded_with_a_low_rank_correction(compressed, capsys)
     info = fixed["quantization"]
     assert info["bits"] == 3 and info["correction_keep"] == 0.25 and info["correction_params"] > 0
     assert info["mlp_bytes"] == plain["quantization"]["mlp_bytes"] + 2 * info["correction_params"]
+    code, out, err = run_cli(capsys, *argv, "--correction-keep", "0.25", "--factor-bits", "8")
+    assert code == 0, err
+    _, int8 = json.loads(out)["rows"]
+    assert int8["kind"] == "dense, MLP int3g16 GPTQ + correction 0.25 (int8)"
+    assert int8["quantization"]["correction_bits"] == 8
+    # a byte per parameter and an fp16 scale per row of each factor: less than bf16, more than half of it
+    added = int8["quantization"]["mlp_bytes"] - plain["quantization"]["mlp_bytes"]
+    assert info["correction_params"] < added < 2 * info["correction_params"]
+    assert_cli_error(
+        capsys,
+        "eval",
+        ["eval", model_dir, "--quantize", "int4", "--factor-bits", "8"],
+        "give --correction-keep",
+    )
     assert_cli_error(
         capsys, "eval", ["eval", model_dir, "--quantize", "int3", "--correction-keep", "0.1"], "--gptq"
     )

@@ -6,7 +6,7 @@ import argparse
 import gc
 
 from svdmlp.cli import options
-from svdmlp.config import EFFORTS, CompressConfig
+from svdmlp.config import EFFORTS, FACTOR_BITS, CompressConfig
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -45,6 +45,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "term W = Q(W) + V·U, of the rank that keeps F of the weight's parameters (as --keep counts "
         "them), fitted on the same calibration windows; counted in the MLP's bytes",
     )
+    p.add_argument(
+        "--factor-bits",
+        type=int,
+        choices=sorted(FACTOR_BITS, reverse=True),
+        default=16,
+        help="with --correction-keep: the correction's factors in bf16 (16, default) or rounded to int8 "
+        "(8, one scale per output channel) or int4 (4), as compress --quantize --factor-bits stores them",
+    )
     options.add_calibration(p, samples=EFFORTS["default"].calib_samples, what=" of --gptq")
     options.add_json(p, "every row, the protocol and the versions")
     options.add_runtime(p)
@@ -55,6 +63,7 @@ def run(args: argparse.Namespace) -> options.Outcome:
     from svdmlp import checkpoint, corpora, models
     from svdmlp.compression.report import CompressionReport, count_parameters
     from svdmlp.evaluate import suite
+    from svdmlp.quantize import Quantization
 
     if args.gptq and not args.quantize:
         raise ValueError(
@@ -64,6 +73,8 @@ def run(args: argparse.Namespace) -> options.Outcome:
         raise ValueError(
             "--correction-keep is fitted on calibration windows: give it with --quantize and --gptq"
         )
+    if args.factor_bits != 16 and not args.correction_keep:
+        raise ValueError("--factor-bits is the width of a correction's factors: give --correction-keep")
     if args.quantize:
         from svdmlp.int_weights import scheme
 
@@ -100,16 +111,17 @@ def run(args: argparse.Namespace) -> options.Outcome:
                     args.quantize,
                     calibration_config,
                     correction_keep=args.correction_keep or 0.0,
+                    correction_bits=args.factor_bits,
                 )
             else:
                 from svdmlp.quantize import quantize_mlp
 
                 quantization = quantize_mlp(model, args.quantize)
+            how = Quantization(args.quantize, args.gptq, args.correction_keep or 0.0, args.factor_bits)
             rows.append(
                 {
                     "model": rows[0]["model"],
-                    "kind": f"dense, MLP {args.quantize} {'GPTQ' if args.gptq else 'RTN'}"
-                    + (f" + correction {args.correction_keep:g}" if args.correction_keep else ""),
+                    "kind": f"dense, MLP {how.label}",
                     "params": counts,
                     "achieved_keep": 1.0,
                     "quantization": quantization,
@@ -127,11 +139,10 @@ def run(args: argparse.Namespace) -> options.Outcome:
         quantized = {}
         stored = "factors"
         if config.get("quantize"):  # the weights stored quantized (compress --quantize), nothing factorised
-            stored, correction = "MLP weights", config.get("correction_keep")
-            bits = "" if config.get("factor_bits", 16) == 16 else f" (int{config['factor_bits']})"
-            label = f"MLP {config['quantize']} GPTQ" + (
-                f" + correction {correction:g}{bits}" if correction else ""
-            )
+            stored = "MLP weights"
+            correction = config.get("correction_keep") or 0.0
+            how = Quantization(config["quantize"], True, correction, config.get("factor_bits", 16))
+            label = f"MLP {how.label}"
             quantized = {"quantization": report.stored_quantization}
         elif report.quantization:
             quantized = {"quantization": report.stored_quantization}
