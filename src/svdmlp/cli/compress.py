@@ -7,7 +7,6 @@ import argparse
 from svdmlp.cli import options
 from svdmlp.config import (
     EFFORTS,
-    FACTOR_BITS,
     HEALS,
     METHODS,
     STORED_SCHEMES,
@@ -74,12 +73,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "on calibration text; closed-form+lora: both (default: as --effort says)",
     )
     options.add_lora(p, steps=None)
-    p.add_argument(
-        "--factor-bits",
-        type=int,
-        choices=sorted(FACTOR_BITS, reverse=True),
-        default=16,
-        help="store the factors quantized after healing: 8 (int8, one scale per output channel) or 4 "
+    options.add_factor_bits(
+        p,
+        "store the factors quantized after healing: 8 (int8, one scale per output channel) or 4 "
         "(int4, one per 128 inputs), scales in fp16; 16 (default) keeps them in --save-dtype. Quantized "
         "factors run on the PyTorch backend (int8: torch's int8 weight-only kernel on CPU). With "
         "--quantize and --correction-keep: the correction's factors",

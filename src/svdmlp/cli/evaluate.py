@@ -6,7 +6,7 @@ import argparse
 import gc
 
 from svdmlp.cli import options
-from svdmlp.config import EFFORTS, FACTOR_BITS, CompressConfig
+from svdmlp.config import EFFORTS, CompressConfig
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -45,12 +45,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "term W = Q(W) + V·U, of the rank that keeps F of the weight's parameters (as --keep counts "
         "them), fitted on the same calibration windows; counted in the MLP's bytes",
     )
-    p.add_argument(
-        "--factor-bits",
-        type=int,
-        choices=sorted(FACTOR_BITS, reverse=True),
-        default=16,
-        help="with --correction-keep: the correction's factors in bf16 (16, default) or rounded to int8 "
+    options.add_factor_bits(
+        p,
+        "with --correction-keep: the correction's factors in bf16 (16, default) or rounded to int8 "
         "(8, one scale per output channel) or int4 (4), as compress --quantize --factor-bits stores them",
     )
     options.add_calibration(p, samples=EFFORTS["default"].calib_samples, what=" of --gptq")

@@ -21,6 +21,7 @@ from svdmlp.backends import BACKENDS
 from svdmlp.config import (
     CALIB_TOKENS_PER_WIDTH,
     EFFORTS,
+    FACTOR_BITS,
     CalibrationSpec,
     Effort,
     LoraSpec,
@@ -157,6 +158,14 @@ def add_effort(parser: argparse.ArgumentParser) -> None:
         help="the recipe and budgets of every option below not given: "
         + "; ".join(f"{name}: {effort.about}" for name, effort in EFFORTS.items())
         + " (default: default)",
+    )
+
+
+def add_factor_bits(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--factor-bits 16|8|4``: the width one model's factors are stored or scored in (``compress``,
+    ``eval``)."""
+    parser.add_argument(
+        "--factor-bits", type=int, choices=sorted(FACTOR_BITS, reverse=True), default=16, help=help
     )
 
 
