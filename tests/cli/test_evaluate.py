@@ -241,6 +241,12 @@ def test_eval_dense_model_rounded_with_a_low_rank_correction(compressed, capsys)
     _, int8 = json.loads(out)["rows"]
     assert int8["kind"] == "dense, MLP int3g16 GPTQ + correction 0.25 (int8)"
     assert int8["quantization"]["correction_bits"] == 8
+    # hidden 64, inter 96: rank round(0.25·64·96 / (160·8))·8 = 8 at --align 8; at the default 32, the
+    # rank rule's floor, one block of 32
+    code, out, _ = run_cli(capsys, *argv, "--correction-keep", "0.25", "--align", "8")
+    _, aligned = json.loads(out)["rows"]
+    assert aligned["quantization"]["correction_params"] == 2 * 3 * 8 * 160
+    assert info["correction_params"] == 2 * 3 * 32 * 160
     # a byte per parameter and an fp16 scale per row of each factor: less than bf16, more than half of it
     added = int8["quantization"]["mlp_bytes"] - plain["quantization"]["mlp_bytes"]
     assert info["correction_params"] < added < 2 * info["correction_params"]

@@ -50,6 +50,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         "with --correction-keep: the correction's factors in bf16 (16, default) or rounded to int8 "
         "(8, one scale per output channel) or int4 (4), as compress --quantize --factor-bits stores them",
     )
+    options.add_align(p)  # the correction's rank
     options.add_calibration(p, samples=EFFORTS["default"].calib_samples, what=" of --gptq")
     options.add_json(p, "every row, the protocol and the versions")
     options.add_runtime(p)
@@ -101,7 +102,9 @@ def run(args: argparse.Namespace) -> options.Outcome:
             if args.gptq:
                 from svdmlp.compression.quantized_dense import quantize_dense_mlps
 
-                calibration_config = CompressConfig(calibration=options.calibration_spec(args))
+                calibration_config = CompressConfig(
+                    calibration=options.calibration_spec(args), align=args.align
+                )
                 quantization = quantize_dense_mlps(
                     model,
                     tokenizer,
