@@ -6,7 +6,8 @@ scored on the held-out domains and an unseen-text suite: the points of issue 50'
 A SPEC is a sweep's baseline (:class:`svdmlp.quantize.Quantization`: ``int4``, ``int3-asym-gptq``,
 ``int3-asym-gptq+0.05``, ``int4-asym-gptq+0.05-int8``), optionally ``@ROUNDS`` for how many times quantization and correction are
 solved in turn (default :data:`svdmlp.compression.correction.CORRECTION_ROUNDS`); a correction's rank is
-a multiple of ``--align`` (default 32, as ``svdmlp compress``'s). Each point is the dense model loaded
+a multiple of ``--align`` (default 32, as ``svdmlp compress``'s), the rank rule's or with ``--allocate``
+each layer's from measured divergence (``OUT_DIR/SPEC-kl.json``). Each point is the dense model loaded
 afresh, rounded as ``svdmlp eval --quantize S [--gptq] [--correction-keep K]`` rounds it (the default
 calibration: 32 windows of 512 tokens of the five domains), and scored on 16 windows of 512 tokens per
 text. The
@@ -35,7 +36,7 @@ from svdmlp.tables import markdown_table
 SETTINGS = suite.EvalSettings(seq_len=512, max_windows=16)
 
 
-def _scored(model_name: str, texts: list[str], spec: str | None, align: int) -> dict:
+def _scored(model_name: str, texts: list[str], spec: str | None, align: int, allocate: bool) -> dict:
     model, tokenizer, _ = models.load_dense(model_name)
     row = {"model": model_name, "kind": "dense", "params": count_parameters(model), "achieved_keep": 1.0}
     if spec is not None:
@@ -53,6 +54,7 @@ def _scored(model_name: str, texts: list[str], spec: str | None, align: int) -> 
                 correction_keep=how.correction_keep,
                 rounds=rounds,
                 correction_bits=how.correction_bits,
+                allocate=allocate,
             )
         else:
             row["quantization"] = quantize_mlp(model, how.scheme)
@@ -62,10 +64,12 @@ def _scored(model_name: str, texts: list[str], spec: str | None, align: int) -> 
     return {**row, **suite.score(model, tokenizer, named, SETTINGS, spec or "dense")}
 
 
-def _point(out: Path, name: str, model_name: str, texts: list[str], spec: str | None, align: int) -> dict:
-    path = out / f"{name}.json"
+def _point(
+    out: Path, name: str, model_name: str, texts: list[str], spec: str | None, align: int, allocate: bool
+) -> dict:
+    path = out / f"{name}{'-kl' * (allocate and spec is not None)}.json"
     if not path.is_file():
-        record = {"rows": [_scored(model_name, texts, spec, align)]}
+        record = {"rows": [_scored(model_name, texts, spec, align, allocate)]}
         paths.write_output(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
     return json.loads(path.read_text())["rows"][-1]
 
@@ -79,13 +83,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=models.DEFAULT_MODEL)
     parser.add_argument("--suite", default="dev", choices=("dev", "report"))
     parser.add_argument("--align", type=int, default=32)
+    parser.add_argument("--allocate", action="store_true", help="corrections' ranks from measured divergence")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     texts = list(corpora.HELDOUT_SOURCES) + corpora.expand([args.suite])
-    dense = _point(args.out, "dense", args.model, texts, None, args.align)
+    dense = _point(args.out, "dense", args.model, texts, None, args.align, False)
     body = []
     for spec in ["dense", *args.specs]:
-        row = dense if spec == "dense" else _point(args.out, spec, args.model, texts, spec, args.align)
+        row = (
+            dense
+            if spec == "dense"
+            else _point(args.out, spec, args.model, texts, spec, args.align, args.allocate)
+        )
         summary = suite.ratios_to_dense(dense["perplexity"], row["perplexity"])
         size = mlp_bytes(row["params"]["mlp"], row.get("quantization")) / 1e6
         means = [

@@ -24,9 +24,10 @@ from conftest import (
 )
 from svdmlp import arch, checkpoint, lazy, models
 from svdmlp.cli import main
-from svdmlp.compression import factorise, output_grams, pipeline, quantized_dense, sensitivity, sequential
+from svdmlp.compression import correction_ranks, factorise, output_grams, pipeline, sensitivity, sequential
 from svdmlp.compression.heal import distill
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
+from svdmlp.quantized_linear import QuantizedLinear
 
 IDS = torch.tensor([[1, 5, 9, 14, 3, 7, 11, 2]])
 
@@ -332,46 +333,60 @@ def test_a_run_stopped_between_layers_keeps_the_previous_checkpoint_and_continue
         torch.testing.assert_close(continued[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("allocate", [False, True])
 def test_a_quantize_run_stopped_between_layers_continues_to_the_same_checkpoint(
-    saved_model, monkeypatch, capsys
+    saved_model, monkeypatch, capsys, allocate
 ):
     # int4 weights with zero points and an int8 correction: every stored tensor of a layer is a buffer
     root = saved_model
     quantize = ["--quantize", "int4-asym", "--correction-keep", "0.5", "--factor-bits", "8", "--align", "8"]
+    quantize += ["--allocate"] * allocate
     calib = ["--calib", str(root / "calib.txt"), "--calib-samples", "4", "--calib-seq-len", "32"]
 
     def command(out: str) -> list[str]:
         return ["compress", str(root / "model"), *quantize, *calib, "--out", str(root / out)]
 
-    rounding, calls = quantized_dense.corrected, []
-    monkeypatch.setattr(quantized_dense, "corrected", lambda *a, **k: calls.append(1) or rounding(*a, **k))
-    assert main(command("whole")) == 0  # never stopped
-    assert len(calls) == 9  # three layers of three projections
+    measuring, measured = correction_ranks.allocate, []
+    monkeypatch.setattr(
+        correction_ranks, "allocate", lambda *a, **k: measured.append(1) or measuring(*a, **k)
+    )
+    storing, stored, stop_at = QuantizedLinear.rounded.__func__, [], []
 
-    def stopped(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 9 + 7:  # layer 2's up projection: layers 0 and 1 are stored
+    def rounded(cls, *args, **kwargs):  # each projection once rounded; stops the run at one of them
+        stored.append(1)
+        if len(stored) == (stop_at or [0])[0]:
             raise KeyboardInterrupt
-        return rounding(*args, **kwargs)
+        return storing(cls, *args, **kwargs)
 
-    monkeypatch.setattr(quantized_dense, "corrected", stopped)
+    monkeypatch.setattr(QuantizedLinear, "rounded", classmethod(rounded))
+    assert main(command("whole")) == 0  # never stopped
+    assert len(stored) == 9 and len(measured) == allocate  # three layers of three projections
+
+    stored.clear()
+    stop_at.append(8)  # layer 2's up projection: layers 0 and 1 are stored
     assert main(command("ckpt")) == 130
     work = root / ".ckpt.work"
     assert "is kept in " + str(work) in capsys.readouterr().err
     progress = json.loads((work / "progress.json").read_text())
     assert sorted(progress["layers"]) == sorted(progress["tallies"]) == ["0", "1"]
+    assert ("allocation" in progress) == allocate
 
-    calls.clear()
-    monkeypatch.setattr(quantized_dense, "corrected", lambda *a, **k: calls.append(1) or rounding(*a, **k))
+    stored.clear()
+    stop_at.clear()
     code, _, err = run_cli(capsys, *command("ckpt"))
     assert code == 0, err
-    assert f"continuing the stopped run in {work}: 2 compressed layers done" in err
-    assert len(calls) == 3  # only layer 2's projections
+    done = "allocation, 2 compressed layers" if allocate else "2 compressed layers"
+    assert f"continuing the stopped run in {work}: {done} done" in err
+    assert len(stored) == 3  # only layer 2's projections
+    assert len(measured) == 2 * allocate  # the stopped run's allocation, not this one's
     assert not work.exists()
     whole, continued = (checkpoint.read_metadata(root / name)["report"] for name in ("whole", "ckpt"))
     for key in ("mlp_bytes", "mlp_bytes_bf16", "max_rel_error", "correction_params"):
         assert continued["quantization"][key] == whole["quantization"][key], key
-    assert continued["layers"] == whole["layers"]
+    assert (
+        continued["layers"] == whole["layers"]
+        and continued["allocation"].keys() == whole["allocation"].keys()
+    )
     expected, got = (checkpoint.load(root / name)[0].state_dict() for name in ("whole", "ckpt"))
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():

@@ -169,6 +169,19 @@ def test_a_more_sensitive_layer_gets_more_rank():
     assert allocated[1] > allocated[0]
 
 
+def test_a_correction_may_start_at_rank_zero_and_an_insensitive_layer_keep_none():
+    """Corrections of rounding: rank 0 is the reference (the rounding's measured divergence), and a
+    layer whose rounding the model hardly notices may get no correction at all."""
+    rounded = [
+        ranks.LayerSensitivity(layer.index, layer.spectra, kl, 0)
+        for layer, kl in zip(LAYERS, (0.3, 1e-6, 0.05, 1e-6), strict=True)
+    ]
+    assert rounded[0].predicted_kl(0) == pytest.approx(0.3)
+    allocated = ranks.allocate_layer_ranks(rounded, 0.2, 8, start=0)
+    assert allocated[1] == allocated[3] == 0 and allocated[0] > 0 and allocated[0] >= allocated[2]
+    assert _params(rounded, allocated) <= ranks.budget(rounded, 0.2)
+
+
 def test_allocation_is_never_predicted_worse_than_uniform_ranks():
     for keep in (0.2, 0.3, 0.45):
         uniform = {layer.index: 8 * round(keep * 64 * 96 / (160 * 8)) for layer in LAYERS}

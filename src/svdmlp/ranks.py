@@ -165,11 +165,14 @@ def budget(layers: list[LayerSensitivity], keep: float) -> int:
     return round(keep * sum(s.in_features * s.out_features for layer in layers for s in layer.spectra))
 
 
-def allocate_layer_ranks(layers: list[LayerSensitivity], keep: float, align: int) -> dict[int, int | None]:
+def allocate_layer_ranks(
+    layers: list[LayerSensitivity], keep: float, align: int, start: int | None = None
+) -> dict[int, int | None]:
     """One rank per layer (None: left dense) minimising the summed predicted divergence within the
     budget of ``keep``.
 
-    Every layer starts at one block of ``align``; steps then go, one at a time, to the layer whose
+    Every layer starts at ``start`` (default one block of ``align``; 0 for a correction, which a layer
+    may do without); steps then go, one at a time, to the layer whose
     next step removes the most predicted divergence per parameter, while the budget allows. A step is
     one more block, up to the largest rank that is still smaller than the dense matrices; past it, the
     last step leaves the layer dense (exact, and cheaper than one more block). The predicted
@@ -191,8 +194,9 @@ def allocate_layer_ranks(layers: list[LayerSensitivity], keep: float, align: int
             raise ValueError(
                 f"align {align} leaves no room for a rank that saves parameters in layer {layer.index}"
             )
-    ranks: dict[int, int | None] = {layer.index: align for layer in layers}
-    left = budget(layers, keep) - sum(layer.params(align) for layer in layers)
+    start = align if start is None else start
+    ranks: dict[int, int | None] = {layer.index: start for layer in layers}
+    left = budget(layers, keep) - sum(layer.params(start) for layer in layers)
     if left < 0:
         raise ValueError(
             f"keep {keep} is below one block of {align} ranks per matrix; lower align or raise keep"

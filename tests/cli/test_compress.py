@@ -498,3 +498,44 @@ def test_quantize_stores_the_correction_int8_and_loads_it_as_fake_quantization_s
     down = int4.nbytes(64, 96) + int8.nbytes(64, 16) + int8.nbytes(16, 96)
     assert stored["mlp_bytes"] == fake["mlp_bytes"] == 2 * (2 * gate + down)
     assert stored["correction_bits"] == 8
+
+
+def test_quantize_allocates_the_corrections_ranks_from_measured_divergence(compressed, tmp_path, capsys):
+    from svdmlp import models
+    from svdmlp.compression.quantized_dense import quantize_dense_mlps
+    from svdmlp.config import CalibrationSpec, CompressConfig
+
+    model_dir, text, _ = compressed
+    out_dir = tmp_path / "out"
+    calib = ["--calib", text, "--calib-samples", "4", "--calib-seq-len", "32", "--align", "8"]
+    argv = ["compress", model_dir, "--quantize", "int4", "--correction-keep", "0.2", "--allocate", *calib]
+    code, out, err = run_cli(capsys, *argv, "--save-dtype", "float32", "--out", out_dir)
+    assert code == 0, err
+    report = checkpoint.read_metadata(out_dir)["report"]
+    allocation = report["allocation"]
+    assert [layer["index"] for layer in allocation["layers"]] == [0, 1]
+    assert all(layer["kl"] > 0 and layer["rank"] % 8 == 0 for layer in allocation["layers"])
+    chosen = {layer["index"]: layer["rank"] for layer in allocation["layers"]}
+    stored = {layer["index"]: {p["rank"] for p in layer["projections"]} or {0} for layer in report["layers"]}
+    assert stored == {index: {rank} for index, rank in chosen.items()}
+    # within the budget of the uniform correction: 0.2 of 2 layers x 3 weights of 64 x 96
+    assert sum(rank * (2 * (64 + 96) + (96 + 64)) for rank in chosen.values()) <= 0.2 * 2 * 3 * 64 * 96
+    assert "allocation" in report["timings"]
+
+    # fake quantization with the same allocation scores the same model
+    dense, tokenizer, _ = models.load_dense(str(model_dir))
+    config = CompressConfig(keep=1.0, align=8, calibration=CalibrationSpec(str(text), 4, 32), sequential=True)
+    fake = quantize_dense_mlps(
+        dense, tokenizer, "int4", config, progress=False, correction_keep=0.2, allocate=True
+    )
+    assert [layer["rank"] for layer in fake["allocation"]["layers"]] == list(chosen.values())
+    loaded, _ = checkpoint.load(out_dir, dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, dense(ids).logits, rtol=1e-4, atol=1e-4)
+    assert_cli_error(
+        capsys,
+        "compress",
+        ["compress", model_dir, "--quantize", "int4", "--allocate", "--out", tmp_path / "x"],
+        "--allocate shares the correction's ranks out: give --correction-keep",
+    )

@@ -55,7 +55,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="one rank per layer from measured sensitivity (the KL each layer alone causes at the rank "
         "rule's rank), within the parameter budget of --keep; --no-allocate: the rank rule everywhere "
-        "(default: as --effort says)",
+        "(default: as --effort says). With --quantize and --correction-keep: the corrections' ranks, from "
+        "the KL each layer's rounding alone causes, within the budget of --correction-keep (default: off)",
     )
     p.add_argument(
         "--sequential",
@@ -162,7 +163,6 @@ def _quantize_config(args: argparse.Namespace, calibration: CalibrationSpec) -> 
     recipe = {
         "--keep": args.keep,
         "--method": args.method,
-        "--allocate": args.allocate,
         "--sequential": args.sequential,
         "--heal": args.heal,
         "--heal-steps": args.heal_steps,
@@ -178,6 +178,10 @@ def _quantize_config(args: argparse.Namespace, calibration: CalibrationSpec) -> 
         raise ValueError(
             "with --quantize, --factor-bits is the width of the correction's factors: give --correction-keep"
         )
+    if args.allocate and not args.correction_keep:
+        raise ValueError(
+            "with --quantize, --allocate shares the correction's ranks out: give --correction-keep"
+        )
     return CompressConfig(
         keep=1.0,
         align=args.align,
@@ -187,6 +191,7 @@ def _quantize_config(args: argparse.Namespace, calibration: CalibrationSpec) -> 
         quantize=args.quantize,
         correction_keep=args.correction_keep or 0.0,
         factor_bits=args.factor_bits,
+        allocation="budget" if args.allocate else "uniform",
     )
 
 

@@ -290,8 +290,13 @@ def predict(
     }
     if config.quantize is not None:
         # Weights stored quantized (--quantize): one sequential walk, GPTQ (and the correction's SVD) in
-        # place of the factorisation's SVD; predicted as that walk, not modelled apart.
-        costs = {"quantization": factorisation.cost(s)}
+        # place of the factorisation's SVD; predicted as that walk, not modelled apart. The corrections'
+        # allocation (--allocate) is one more walk on the dense model and the allocation's probes.
+        walk = factorisation.cost(s)
+        costs = {"quantization": walk}
+        probes = allocation.cost(s) if config.correction_keep else None
+        if probes is not None:
+            costs["allocation"] = (max(probes[0], walk[0]), probes[1] + walk[1])
     costs = {step: cost for step, cost in costs.items() if cost is not None}
     memory = {step: cost[0] for step, cost in costs.items()}
     seconds = {step: cost[1] for step, cost in costs.items()}

@@ -156,6 +156,16 @@ def _store_quantized(
     spec = arch.of_model(model)
     names = [arch.mlp_name(spec, i) for i in range(len(arch.decoder_layers(model, spec)))]
     before = count_parameters(model, names)
+    allocated = journal.allocation() if journal is not None else None
+    if allocated is None and config.allocation == "budget" and config.correction_keep:
+        clock.switch("allocation")  # on the dense model: before a stopped run's layers come back
+        allocated = quantized_dense.allocate_corrections(
+            model, tokenizer, config.quantize, config, config.correction_keep, progress
+        )
+        if journal is not None:
+            journal.allocated(*allocated)
+        if on_step is not None:
+            on_step("allocation")
     clock.switch("quantization")
     done = {}
     if journal is not None:
@@ -165,7 +175,13 @@ def _store_quantized(
         }
     on_stored = journal.stored if journal is not None else None
     layers, quantization = quantized_dense.store_quantized_mlps(
-        model, tokenizer, config, progress, done=done, on_stored=on_stored
+        model,
+        tokenizer,
+        config,
+        progress,
+        done=done,
+        on_stored=on_stored,
+        allocated=None if allocated is None else allocated[0],
     )
     clock.switch(None)
     if on_step is not None:
@@ -184,5 +200,6 @@ def _store_quantized(
             "sha256": quantization.pop("calibration_sha256"),
             "sequential": True,
         },
+        allocation={} if allocated is None else allocated[1],
         quantization=quantization,
     )

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from svdmlp import arch, lazy
-from svdmlp.compression import sequential
+from svdmlp.compression import correction_ranks, sequential
 from svdmlp.compression.calibration import config_windows, tokens_hash
 from svdmlp.compression.correction import CORRECTION_ROUNDS, Corrected, corrected
 from svdmlp.compression.report import LayerRecord, ProjectionRecord
@@ -50,13 +50,15 @@ def _round_mlps(
     place: Place,
     done: frozenset[int] = frozenset(),
     finished: Finished | None = None,
+    allocated: dict[int, int] | None = None,
 ) -> dict:
     """Round every MLP projection of ``model`` by GPTQ layer by layer, each with its correction when
-    ``correction_keep`` > 0, and hand each to ``place``, then the layer to ``finished``; the layers
+    ``correction_keep`` > 0 (of the rank rule's rank, or of each layer's ``allocated`` rank,
+    :func:`allocate_corrections`), and hand each to ``place``, then the layer to ``finished``; the layers
     ``done`` (a stopped run's, installed as rounded) only carry the hidden states forward. Returns the
     calibration tokens used (count, SHA-256)."""
     spec = arch.of_model(model)
-    windows = config_windows(tokenizer, config, None, bos=arch.bos_token_id(spec, tokenizer))
+    windows = _windows(model, tokenizer, config)
     layers = arch.decoder_layers(model, spec)
     todo = [index for index in range(len(layers)) if index not in done]
     walk = sequential.calibrated_layers(model, spec, windows, todo, progress=progress)
@@ -65,17 +67,38 @@ def _round_mlps(
         for projection in arch.PROJECTIONS:
             linear = getattr(mlp, spec.projection(projection))
             weight, gram = linear.weight, grams.input_gram(projection)
-            if not correction_keep:
-                fixed = Corrected(*gptq(weight.float(), gram, how, return_zeros=True), None)
-            else:
+            if allocated is not None:
+                rank = allocated[index]
+            elif correction_keep:
                 rank = rank_for_keep(weight.shape[1], weight.shape[0], correction_keep, config.align)
+            else:
+                rank = 0
+            if rank:
                 fixed = corrected(weight, gram, grams.whitening(projection), how, rank, rounds)
+            else:
+                fixed = Corrected(*gptq(weight.float(), gram, how, return_zeros=True), None)
             place(index, mlp, projection, linear, fixed, gram)
         path = lazy.store(model, layers[index])  # held by the walk, which runs it on as rounded
         if finished is not None:
             finished(index, path)
         del grams  # before the walk makes the next layer's
     return {"calibration_tokens": windows.numel(), "calibration_sha256": tokens_hash(windows)}
+
+
+def _windows(model: nn.Module, tokenizer, config: CompressConfig) -> torch.Tensor:
+    """The calibration windows ``config`` names, drawn as ``svdmlp compress`` draws them."""
+    return config_windows(tokenizer, config, None, bos=arch.bos_token_id(arch.of_model(model), tokenizer))
+
+
+@torch.no_grad()
+def allocate_corrections(
+    model: nn.Module, tokenizer, name: str, config: CompressConfig, keep: float, progress: bool = True
+) -> tuple[dict[int, int], dict]:
+    """Each layer's correction rank for the dense ``model`` rounded by the scheme ``name``, within the
+    budget of a correction keeping ``keep``, from its measured divergence on ``config``'s calibration
+    (:mod:`~svdmlp.compression.correction_ranks`); and the report's record."""
+    windows = _windows(model, tokenizer, config)
+    return correction_ranks.allocate(model, tokenizer, scheme(name), config, keep, windows, progress)
 
 
 @torch.no_grad()
@@ -88,6 +111,7 @@ def quantize_dense_mlps(
     correction_keep: float = 0.0,
     rounds: int = CORRECTION_ROUNDS,
     correction_bits: int = 16,
+    allocate: bool = False,
 ) -> dict:
     """Round every MLP weight of the dense ``model`` by GPTQ (scheme ``name``) on the calibration windows
     ``config`` names (default: what ``svdmlp compress`` draws with no flag), as fake quantization; what it
@@ -97,7 +121,8 @@ def quantize_dense_mlps(
     (:mod:`svdmlp.compression.correction`) of the rank that keeps that fraction of its parameters (the
     rank rule of ``--keep``, aligned to ``config.align``), its factors in bf16 or rounded to
     ``correction_bits`` 8 or 4 as ``--factor-bits`` rounds factors, counted in the MLP's bytes;
-    quantization and correction solved in turn ``rounds`` times."""
+    quantization and correction solved in turn ``rounds`` times. With ``allocate``, each layer's rank is
+    allocated from measured divergence within the same budget (:mod:`~svdmlp.compression.correction_ranks`)."""
     how, factors_how = scheme(name), factor_scheme(correction_bits)
     tally = FakeQuantization(how)
 
@@ -105,11 +130,18 @@ def quantize_dense_mlps(
         correction = None if fixed.correction is None else (fixed.correction.v, fixed.correction.u)
         tally.replace(linear.weight, fixed.q, fixed.scales, correction, factors_how)
 
+    config = config or CompressConfig()
+    allocated, allocation = None, {}
+    if allocate and correction_keep:
+        allocated, allocation = allocate_corrections(
+            model, tokenizer, name, config, correction_keep, progress
+        )
     digest = _round_mlps(
-        model, tokenizer, how, config or CompressConfig(), correction_keep, rounds, progress, place
+        model, tokenizer, how, config, correction_keep, rounds, progress, place, allocated=allocated
     )
     correction = _correction_record(correction_keep, rounds, correction_bits)
-    return {**tally.report(), "method": "gptq", **correction, **digest}
+    allocation = {"allocation": allocation} if allocation else {}
+    return {**tally.report(), "method": "gptq", **correction, **allocation, **digest}
 
 
 @torch.no_grad()
@@ -121,6 +153,7 @@ def store_quantized_mlps(
     rounds: int = CORRECTION_ROUNDS,
     done: dict[int, tuple[LayerRecord, dict]] | None = None,
     on_stored: Callable[[LayerRecord, Path | None, dict], None] | None = None,
+    allocated: dict[int, int] | None = None,
 ) -> tuple[list[LayerRecord], dict]:
     """Replace every MLP projection of the dense ``model`` by a :class:`QuantizedLinear` of its weight,
     rounded by GPTQ (``config.quantize``) with the correction ``config.correction_keep`` asks for, its
@@ -130,7 +163,8 @@ def store_quantized_mlps(
 
     A stopped run's layers, installed as stored, come in ``done`` with their records and tallies
     (:meth:`~svdmlp.int_weights.FakeQuantization.counts`); each layer made here goes to ``on_stored`` with
-    its file and tally once it is written."""
+    its file and tally once it is written. ``allocated``: each layer's correction rank
+    (:func:`allocate_corrections`; default the rank rule's at ``config.correction_keep``)."""
     how, factors_how = scheme(config.quantize), factor_scheme(config.factor_bits)
     done = done or {}
     total = FakeQuantization(how)  # counts the bytes and errors; the model gets the packed form
@@ -175,6 +209,7 @@ def store_quantized_mlps(
         place,
         frozenset(done),
         finished,
+        allocated,
     )
     correction = _correction_record(config.correction_keep, rounds, config.factor_bits)
     return [records[index] for index in sorted(records)], {

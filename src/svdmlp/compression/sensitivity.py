@@ -17,7 +17,7 @@ and lets :func:`svdmlp.ranks.allocate_layer_ranks` share the parameter budget ou
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -32,22 +32,26 @@ from svdmlp.decompose import Factors
 
 
 @contextmanager
-def _reconstructed(
-    model: nn.Module, spec: arch.ArchSpec, index: int, factors: dict[str, Factors]
+def _replaced(
+    model: nn.Module, spec: arch.ArchSpec, index: int, weights: dict[str, Callable[[], torch.Tensor]]
 ) -> Iterator:
-    """Layer ``index``'s projections hold ``V·U`` inside the block and their own weights after it."""
+    """Layer ``index``'s projections hold what ``weights`` make (each made when its projection is
+    replaced) inside the block, and their own weights after it."""
     originals = {}
     try:
-        for name, pair in factors.items():
+        for name, make in weights.items():
             weight = arch.dense_projection(model, spec, index, name).weight
             originals[name] = weight.data
-            weight.data = (
-                pair.v.to(weight.device, torch.float32) @ pair.u.to(weight.device, torch.float32)
-            ).to(weight.dtype)
+            weight.data = make().to(weight.device, weight.dtype)
         yield
     finally:
         for name, data in originals.items():
             arch.dense_projection(model, spec, index, name).weight.data = data
+
+
+def _products(factors: dict[str, Factors]) -> dict[str, Callable[[], torch.Tensor]]:
+    """Each projection's ``V·U`` in float32, made when asked for."""
+    return {name: (lambda pair=pair: pair.v.float() @ pair.u.float()) for name, pair in factors.items()}
 
 
 def log_prob_blocks(model: nn.Module, spec: arch.ArchSpec, windows: torch.Tensor) -> Iterator[torch.Tensor]:
@@ -138,8 +142,13 @@ class Probe:
     def divergence(self, index: int, factors: dict[str, Factors]) -> float:
         """KL (nats/token) from the dense model to the model with only layer ``index``'s projections
         replaced by ``factors``; the model is dense again afterwards."""
+        return self.divergence_of(index, _products(factors))
+
+    @torch.no_grad()
+    def divergence_of(self, index: int, weights: dict[str, Callable[[], torch.Tensor]]) -> float:
+        """The same for any stand-in weights (a quantized layer's values), each made when used."""
         with (
-            _reconstructed(self.model, self.spec, index, factors),
+            _replaced(self.model, self.spec, index, weights),
             stood_in(self.layers, {i: _Replay(self.outputs[i]) for i in range(index)}),
         ):
             kl = block_kl(self.dense, log_prob_blocks(self.model, self.spec, self.windows))
