@@ -107,7 +107,9 @@ COMPRESSION_LAYERS = (
     ("heal.closed_form", "output_grams"),
     ("calibration",),
     ("factorise", "sequential"),
-    ("quantized_dense", "quantized_factors", "sensitivity"),
+    ("quantized_factors", "sensitivity"),
+    ("correction_ranks",),
+    ("quantized_dense",),
     ("heal.distill",),
     (
         "steps",

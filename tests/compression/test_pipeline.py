@@ -5,8 +5,9 @@ from conftest import ARCH_CONFIGS, SAMPLE_TEXT, count_calls, tiny_model
 from svdmlp import arch, decompose, runtime
 from svdmlp.compression import pipeline
 from svdmlp.compression.calibration import collect_grams, mixture_windows, token_windows, tokens_hash
+from svdmlp.compression.sensitivity import probe_shape
 from svdmlp.compression.steps.calibration import collect_shared
-from svdmlp.compression.steps.context import Run, probe_shape
+from svdmlp.compression.steps.context import Run
 from svdmlp.config import CalibrationSpec, CompressConfig, LoraSpec
 from svdmlp.lowrank import LowRankGatedMLP, LowRankLinear
 

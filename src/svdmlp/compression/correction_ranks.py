@@ -28,7 +28,6 @@ from torch import nn
 from svdmlp import arch, lazy, ranks
 from svdmlp.compression import sensitivity, sequential
 from svdmlp.compression.calibration import config_windows, tokens_hash
-from svdmlp.compression.steps.context import probe_shape
 from svdmlp.config import CompressConfig
 from svdmlp.decompose import Decomposition
 from svdmlp.int_weights import Scheme, dequantize, gptq
@@ -51,7 +50,7 @@ def allocate(
     started = time.perf_counter()
     spec = arch.of_model(model)
     bos = arch.bos_token_id(spec, tokenizer)
-    count, seq_len = probe_shape(len(config.calibration.mixture), config.calibration.seq_len)
+    count, seq_len = sensitivity.probe_shape(len(config.calibration.mixture), config.calibration.seq_len)
     probes = config_windows(tokenizer, config, None, count, seq_len, config.seed + 3, bos)
     probe = sensitivity.Probe(model, spec, probes)
     layers = arch.decoder_layers(model, spec)

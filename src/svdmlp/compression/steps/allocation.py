@@ -13,14 +13,9 @@ from tqdm.auto import tqdm
 from svdmlp import lazy, ranks
 from svdmlp.compression import sensitivity, sequential
 from svdmlp.compression.calibration import Calibration
+from svdmlp.compression.sensitivity import SENSITIVITY_TOKENS
 from svdmlp.compression.steps import sizes
-from svdmlp.compression.steps.context import (
-    LEFT_DENSE,
-    SENSITIVITY_TOKENS,
-    Run,
-    Windows,
-    rule_ranks,
-)
+from svdmlp.compression.steps.context import LEFT_DENSE, Run, Windows, rule_ranks
 from svdmlp.compression.steps.sizes import F32, LOGIT_COPIES, Sizes
 from svdmlp.config import CompressConfig
 from svdmlp.ranks import LayerSensitivity

@@ -13,21 +13,8 @@ from svdmlp import arch, lazy, ranks, runtime
 from svdmlp.compression.calibration import config_windows, source_weights
 from svdmlp.compression.clock import StepClock
 from svdmlp.compression.report import LayerRecord
+from svdmlp.compression.sensitivity import probe_shape
 from svdmlp.config import CompressConfig
-
-# Tokens scored per layer and candidate rank to measure its sensitivity (--allocate): the 512 that the
-# allocation was validated with on SmolLM2 (BENCHMARKS.md), in windows of at most 256 tokens and at
-# least one per calibration source (a mixture of five: 5 windows of 102 tokens), never under 64 tokens.
-SENSITIVITY_TOKENS = 512
-SENSITIVITY_SEQ_LEN = 256
-SENSITIVITY_MIN_SEQ_LEN = 64
-
-
-def probe_shape(sources: int, calibration_seq_len: int) -> tuple[int, int]:
-    """(windows, tokens each) of the sensitivity probes for a mixture of ``sources`` texts."""
-    count = max(sources, SENSITIVITY_TOKENS // SENSITIVITY_SEQ_LEN)
-    seq_len = max(SENSITIVITY_MIN_SEQ_LEN, min(SENSITIVITY_SEQ_LEN, SENSITIVITY_TOKENS // count))
-    return count, min(seq_len, calibration_seq_len)
 
 
 class Windows:
